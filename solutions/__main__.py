@@ -1,0 +1,5 @@
+import sys
+
+from solutions.cli import main
+
+sys.exit(main())

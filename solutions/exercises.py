@@ -1,0 +1,314 @@
+"""The five PPO exercises: the core of a PPO trainer for language models.
+
+This is the only file you edit. Fill in the five blanks, in order:
+
+    1. compute_policy_loss     the clipped surrogate objective (the actor)
+    2. compute_value_loss      the clipped value regression (the critic)
+    3. compute_entropy_loss    the exploration bonus
+    4. compute_gae_advantages  per-token advantages and returns, from one reward per response
+    5. ppo_minibatch_update    forward, slice, the three losses, backward, optimizer step
+
+Every function follows CONTRACT.md (summarised in handout.md) to the letter; the autograder
+compares your numbers with the reference on thousands of generated inputs.
+
+Shapes used in every docstring:
+    B  batch size (number of responses)
+    T  padded response length
+    P  padded prompt length
+    V  vocabulary size
+
+``response_mask`` (B, T) is 1 (or True) on real response tokens and 0 on padding, and it is
+right-padded: ones, then zeros. A row may be all zeros (an empty response), but a batch
+always holds at least two real tokens. "Token-mean" is the sum over all real tokens of the
+batch divided by their number: use ``masked_mean`` from ``assignment.helpers``.
+Whatever sits at padded positions of an input is junk: it must not change any result.
+
+Staff: the student copy ``assignment/exercises.py`` is generated from the solution module by
+``ppo-course stubs``. Never edit the generated copy by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from assignment.helpers import logprobs_from_logits, masked_mean, masked_whiten, reduction_dtype
+
+# TRY NOT TO MODIFY anything outside the five marked blanks: the autograder calls these
+# functions by name with exactly these signatures.
+
+
+def compute_policy_loss(
+    logprobs_new: torch.Tensor,
+    logprobs_old: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_ratio: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Exercise 1: the PPO clipped surrogate loss (Schulman et al. 2017, eq. 7).
+
+    Math, per real token t:
+        ratio_t = exp(logprobs_new_t - logprobs_old_t)
+        loss_t  = max(-A_t * ratio_t, -A_t * clamp(ratio_t, 1 - clip_ratio, 1 + clip_ratio))
+    loss      = token-mean(loss_t)
+    clip_frac = token-mean([-A_t * clamp(ratio_t, ...) > -A_t * ratio_t])   (strict >)
+    approx_kl = token-mean(logprobs_old_t - logprobs_new_t)                  (the k1 estimator)
+
+    Args:
+        logprobs_new: (B, T) log-probs of the response tokens under the current policy;
+            carries gradient.
+        logprobs_old: (B, T) log-probs of the same tokens at rollout time; no gradient.
+        advantages: (B, T) whitened advantages A_t; no gradient.
+        response_mask: (B, T) 1/True on real tokens.
+        clip_ratio: epsilon of the clip range [1 - eps, 1 + eps].
+
+    Returns:
+        loss: () scalar whose gradient reaches ``logprobs_new``.
+        clip_frac: () scalar, fraction of real tokens where the clipped term is active; no gradient.
+        approx_kl: () scalar, k1 estimate of KL(old || new); no gradient.
+
+    Hints:
+        1.1 Work with the log-ratio and exponentiate once; never divide two probabilities.
+        1.2 Both surrogate terms carry a minus sign: we minimise the loss.
+        1.3 Take the elementwise maximum of the two terms (torch.maximum), then masked_mean.
+        1.4 The two metrics are diagnostics: compute them under torch.no_grad() or .detach() them.
+    """
+    ### BEGIN SOLUTION
+    log_ratio = logprobs_new - logprobs_old
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)
+    loss = masked_mean(torch.maximum(unclipped, clipped), response_mask)
+    with torch.no_grad():
+        clip_frac = masked_mean((clipped > unclipped).to(reduction_dtype(ratio.dtype)), response_mask)
+        approx_kl = masked_mean(-log_ratio, response_mask)
+    return loss, clip_frac, approx_kl
+    ### END SOLUTION
+
+
+def compute_value_loss(
+    values_new: torch.Tensor,
+    values_old: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_range_value: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 2: the clipped value loss of the critic.
+
+    Math, per real token t:
+        v_clip_t = values_old_t + clamp(values_new_t - values_old_t, -clip_range_value, clip_range_value)
+        loss_t   = max((values_new_t - R_t)**2, (v_clip_t - R_t)**2)
+    loss      = 0.5 * token-mean(loss_t)
+    clip_frac = token-mean([(v_clip_t - R_t)**2 > (values_new_t - R_t)**2])   (strict >)
+
+    Args:
+        values_new: (B, T) V(s_t) from the current value head; carries gradient.
+        values_old: (B, T) V(s_t) recorded at rollout time; no gradient.
+        returns: (B, T) regression targets R_t (from exercise 4); no gradient.
+        response_mask: (B, T) 1/True on real tokens.
+        clip_range_value: how far the new value may move from the old one.
+
+    Returns:
+        loss: () scalar whose gradient reaches ``values_new``.
+        clip_frac: () scalar, fraction of real tokens where the clipped error is the larger; no gradient.
+
+    Hints:
+        2.1 Clip the change (values_new - values_old), then add it back to values_old.
+        2.2 Take the elementwise maximum of the two squared errors (pessimistic, like exercise 1).
+        2.3 Do not forget the factor 0.5.
+    """
+    ### BEGIN SOLUTION
+    v_clip = values_old + torch.clamp(values_new - values_old, -clip_range_value, clip_range_value)
+    err_unclipped = (values_new - returns) ** 2
+    err_clipped = (v_clip - returns) ** 2
+    loss = 0.5 * masked_mean(torch.maximum(err_unclipped, err_clipped), response_mask)
+    with torch.no_grad():
+        clip_frac = masked_mean((err_clipped > err_unclipped).to(reduction_dtype(values_new.dtype)), response_mask)
+    return loss, clip_frac
+    ### END SOLUTION
+
+
+def compute_entropy_loss(logits: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Exercise 3: the entropy bonus, as a loss to minimise.
+
+    Math, per real token t with logits z = logits[b, t, :]:
+        H_t = logsumexp(z) - sum_v softmax(z)_v * z_v      (= -sum_v p_v log p_v)
+    loss = -token-mean(H_t)
+
+    Args:
+        logits: (B, T, V) logits already aligned with the response tokens (and already divided
+            by the sampling temperature by the caller).
+        response_mask: (B, T) 1/True on real tokens.
+
+    Returns:
+        loss: () scalar, minus the token-mean entropy; minimising it raises entropy.
+
+    Hints:
+        3.1 Never compute log(softmax(z)) naively: softmax underflows to 0 and log(0) = -inf.
+            logsumexp and softmax are both stable for logits of any magnitude (try 1e3).
+        3.2 Reduce over the vocabulary first (dim=-1), giving (B, T), then masked_mean.
+        3.3 Upcast bfloat16 logits to float32 before the arithmetic.
+    """
+    ### BEGIN SOLUTION
+    z = logits.to(reduction_dtype(logits.dtype))
+    entropy = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)  # (B, T)
+    return -masked_mean(entropy, response_mask)
+    ### END SOLUTION
+
+
+def compute_gae_advantages(
+    final_rewards: torch.Tensor,
+    kl_penalties: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 4: Generalized Advantage Estimation (Schulman et al. 2016) with whitening.
+
+    Token rewards: r_t = -kl_penalties_t on real tokens, and final_rewards[b] is added at the
+    last real token of row b, index L_b - 1 (L_b = number of real tokens of row b). A row with
+    no real tokens gets nothing.
+
+    Backward recursion over t = T-1, ..., 0, with V_T = 0, m_T = 0, A_T = 0 and m = response_mask:
+        delta_t = r_t + gamma * V_{t+1} * m_{t+1} - V_t
+        A_t     = delta_t + gamma * lam * m_{t+1} * A_{t+1}
+    returns = A + values                          (from the unwhitened A)
+    advantages = (A - mean) / sqrt(var + 1e-8)    (mean, var over real tokens; var with n - 1)
+
+    Args:
+        final_rewards: (B,) one score per whole response.
+        kl_penalties: (B, T) already kl_coeff * (logprobs_old - ref_logprobs).
+        values: (B, T) V(s_t) recorded at rollout time.
+        response_mask: (B, T) 1/True on real tokens, right-padded.
+        gamma: discount factor in [0, 1].
+        lam: GAE lambda in [0, 1].
+
+    Returns:
+        advantages: (B, T) whitened advantages; no gradient.
+        returns: (B, T) value targets; no gradient.
+
+    Hints:
+        4.1 Build the (B, T) token rewards first; row b's last real token is at index L_b - 1.
+        4.2 Loop t from T-1 down to 0: each A_t needs A_{t+1}, so the loop must run backwards.
+        4.3 The factor m_{t+1} stops values and advantages leaking in from padding.
+        4.4 Compute returns before whitening; whiten with masked_whiten.
+        4.5 Nothing here needs gradients: work under torch.no_grad().
+    """
+    ### BEGIN SOLUTION
+    with torch.no_grad():
+        dtype = reduction_dtype(values.dtype)
+        mask = response_mask.bool()
+        m = mask.to(dtype)
+        values = torch.where(mask, values.to(dtype), 0.0)
+        rewards = torch.where(mask, -kl_penalties.to(dtype), 0.0)  # (B, T)
+        lengths = mask.sum(dim=-1)  # (B,)
+        rows = torch.nonzero(lengths > 0).squeeze(-1)
+        rewards[rows, lengths[rows] - 1] += final_rewards.to(dtype)[rows]
+
+        B, T = values.shape
+        advantages = torch.zeros_like(values)
+        next_value = torch.zeros(B, dtype=dtype, device=values.device)
+        next_mask = torch.zeros(B, dtype=dtype, device=values.device)
+        next_advantage = torch.zeros(B, dtype=dtype, device=values.device)
+        for t in reversed(range(T)):
+            delta = rewards[:, t] + gamma * next_value * next_mask - values[:, t]
+            next_advantage = delta + gamma * lam * next_mask * next_advantage
+            advantages[:, t] = next_advantage
+            next_value, next_mask = values[:, t], m[:, t]
+        returns = advantages + values
+        return masked_whiten(advantages, mask), returns
+    ### END SOLUTION
+
+
+def ppo_minibatch_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    minibatch: dict[str, Any],
+    cfg: Any,
+    step_optimizer: bool,
+) -> dict[str, float]:
+    """Exercise 5: one PPO minibatch: forward, losses, backward, and maybe an optimizer step.
+
+    ``model(input_ids, attention_mask)`` returns ``(logits (B, P+T, V), values (B, P+T))``.
+    The logits at position i predict token i+1, so the response tokens at positions
+    P ... P+T-1 are predicted by positions P-1 ... P+T-2: slice ``[P-1 : P+T-1]``, for the
+    logits and for the values alike.
+
+    Steps:
+        logits, values = model(input_ids, attention_mask)
+        logits     = logits[:, P-1:P+T-1] / cfg.temperature        (B, T, V)
+        values_new = values[:, P-1:P+T-1]                           (B, T)
+        logprobs_new = log-softmax(logits) gathered at response_ids  (B, T)
+        loss = policy_loss + cfg.vf_coeff * value_loss + cfg.entropy_coeff * entropy_loss
+        (loss / cfg.grad_accum_steps).backward()
+        if step_optimizer:
+            grad_norm = clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+            optimizer.step() only if grad_norm is finite
+            optimizer.zero_grad()
+
+    Args:
+        model: policy with value head, as above.
+        optimizer: optimizer over ``model.parameters()``.
+        minibatch: dict with
+            input_ids (B, P+T) int64: left-padded prompts, then responses;
+            attention_mask (B, P+T);
+            response_ids (B, T) int64; response_mask (B, T);
+            logprobs_old, values_old, advantages, returns: (B, T), no gradient;
+            prompt_length: the int P.
+        cfg: has temperature, clip_ratio, clip_range_value, vf_coeff, entropy_coeff,
+            grad_accum_steps, max_grad_norm.
+        step_optimizer: true on the last minibatch of an accumulation cycle.
+
+    Returns:
+        dict of Python floats: loss/policy, loss/value, loss/entropy (= -H), loss/total,
+        stats/policy_clipfrac, stats/value_clipfrac, stats/approx_kl, and stats/grad_norm
+        only when it stepped.
+
+    Hints:
+        5.1 Slice first, then divide by the temperature: no need to scale prompt logits.
+        5.2 logprobs_from_logits in assignment.helpers does the log-softmax and the gather.
+        5.3 Call compute_policy_loss, compute_value_loss and compute_entropy_loss by name; the
+            entropy uses the same sliced, temperature-scaled logits.
+        5.4 Divide by grad_accum_steps before backward, so that accumulated gradients average.
+        5.5 Clip, step only on a finite norm, then zero the gradients, in that order.
+    """
+    ### BEGIN SOLUTION
+    P = minibatch["prompt_length"]
+    response_ids = minibatch["response_ids"]
+    response_mask = minibatch["response_mask"]
+    T = response_ids.shape[1]
+
+    logits, values = model(minibatch["input_ids"], minibatch["attention_mask"])
+    logits = logits[:, P - 1 : P + T - 1] / cfg.temperature  # (B, T, V)
+    values_new = values[:, P - 1 : P + T - 1]  # (B, T)
+    logprobs_new = logprobs_from_logits(logits, response_ids)  # (B, T)
+
+    policy_loss, policy_clipfrac, approx_kl = compute_policy_loss(
+        logprobs_new, minibatch["logprobs_old"], minibatch["advantages"], response_mask, cfg.clip_ratio
+    )
+    value_loss, value_clipfrac = compute_value_loss(
+        values_new, minibatch["values_old"], minibatch["returns"], response_mask, cfg.clip_range_value
+    )
+    entropy_loss = compute_entropy_loss(logits, response_mask)
+    loss = policy_loss + cfg.vf_coeff * value_loss + cfg.entropy_coeff * entropy_loss
+    (loss / cfg.grad_accum_steps).backward()
+
+    metrics = {
+        "loss/policy": policy_loss.item(),
+        "loss/value": value_loss.item(),
+        "loss/entropy": entropy_loss.item(),
+        "loss/total": loss.item(),
+        "stats/policy_clipfrac": policy_clipfrac.item(),
+        "stats/value_clipfrac": value_clipfrac.item(),
+        "stats/approx_kl": approx_kl.item(),
+    }
+    if step_optimizer:
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+        if torch.isfinite(grad_norm):
+            optimizer.step()
+        optimizer.zero_grad()
+        metrics["stats/grad_norm"] = grad_norm.item()
+    return metrics
+    ### END SOLUTION
