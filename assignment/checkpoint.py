@@ -1,0 +1,54 @@
+"""Checkpoints that let a killed run continue exactly where it stopped.
+
+One file, ``checkpoint.pt`` in the run directory, replaced atomically (written beside it, then
+renamed) so that a kill during the save leaves the previous checkpoint intact. It holds the
+policy (LM and value head), the optimizer, the LR scheduler, the step, the KL controller and
+every RNG state (torch CPU and CUDA, Python, NumPy): sampling after a resume draws the same
+numbers the uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FILENAME = "checkpoint.pt"
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save(out: Path, step: int, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+         kl_state: dict[str, float]) -> Path:
+    path = out / FILENAME
+    tmp = out / (FILENAME + ".tmp")
+    torch.save({"step": step, "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "kl": kl_state, "rng": rng_state()}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load(out: Path, device: torch.device) -> dict[str, Any]:
+    """The checkpoint of the run in ``out``; raises FileNotFoundError if it has none."""
+    path = out / FILENAME
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint to resume from in {out}")
+    # weights_only=False: the file is our own and holds Python and NumPy RNG states.
+    return torch.load(path, map_location=device, weights_only=False)

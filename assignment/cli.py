@@ -1,0 +1,83 @@
+"""``ppo-train``: train with PPO from a config file. Thin: parse, call ``train``, print.
+
+    ppo-train --config configs/cpu_synthetic.yaml                   # the student's exercises
+    ppo-train --config configs/cpu_synthetic.yaml --impl solutions  # the reference solution
+    ppo-train --config configs/gsm8k_smollm2.yaml ppo.lr=1e-6 train.steps=10
+    ppo-train --resume runs/cpu_synthetic                           # continue a killed run
+    ppo-train --report runs/gsm8k_smollm2 --report-out reports/gsm8k_smollm2.md
+
+Problems the user can fix (a bad config key, malformed data, a missing model file, a
+submission that does not import, an exercise not yet written) are printed as one message,
+without a traceback, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from assignment.config import ConfigError, load_config
+from assignment.data import DataError
+from assignment.impl import ImplError, load_impl
+from assignment.loading import ModelError
+from assignment.trainer import RunDirError, train
+
+USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ppo-train", description="Train a language model with PPO on GSM8K-style math.")
+    parser.add_argument("--config", help="YAML config in configs/ (defaults: the CPU synthetic task)")
+    parser.add_argument("--impl", default=None,
+                        help="whose exercises to run: assignment (default), solutions, or a path to a .py file")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint, "
+                        "with the config saved there (overrides still apply)")
+    parser.add_argument("--report", metavar="RUN_DIR", help="write a Markdown report of a finished run and exit")
+    parser.add_argument("--report-out", metavar="PATH", help="where --report writes (default: RUN_DIR/report.md)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. ppo.lr=1e-5")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.report:
+            from assignment.report import write_report
+
+            path = write_report(Path(args.report), Path(args.report_out) if args.report_out else None)
+            print(f"wrote {path}")
+            return 0
+        if args.resume:
+            if args.config:
+                raise ConfigError("--resume uses the config saved in the run directory; drop --config")
+            cfg = load_config(Path(args.resume) / "config.yaml", args.overrides + [f"train.output_dir={args.resume}"])
+        else:
+            cfg = load_config(args.config, args.overrides)
+        impl = load_impl(args.impl or "assignment")
+        command = "ppo-train " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+        result = train(cfg, impl, resume=bool(args.resume), command=command)
+    except USER_ERRORS as err:
+        print(f"ppo-train: {err}", file=sys.stderr)
+        return 2
+    except NotImplementedError as err:
+        print(f"ppo-train: {err}. Fill it in in assignment/exercises.py, or run --impl solutions.", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ppo-train: interrupted; continue with --resume RUN_DIR (from the last checkpoint)", file=sys.stderr)
+        return 130
+    rewards = result.rewards()
+    k = min(10, len(rewards))
+    print(f"done in {result.seconds:.0f} s: {result.output_dir}")
+    print(f"training reward: first {k} steps {sum(rewards[:k]) / k:.3f}, last {k} steps {sum(rewards[-k:]) / k:.3f}")
+    if result.evals:
+        first, last = result.evals[0], result.evals[-1]
+        print(f"eval strict accuracy {first['eval/accuracy']:.3f} -> {last['eval/accuracy']:.3f}, "
+              f"format rate {first['eval/format_rate']:.3f} -> {last['eval/format_rate']:.3f}")
+    print(f"reward curve: {result.output_dir / 'reward_curve.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

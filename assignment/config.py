@@ -1,0 +1,303 @@
+"""Typed configuration of the PPO trainer: one source of defaults, YAML on top, dotlist last.
+
+The dataclasses below are the only place a default lives; each field says what it means. A
+config file in ``configs/`` overrides some of them (and says why), and ``key=value`` overrides
+from the command line go last (OmegaConf dotlist syntax). The defaults are the CPU synthetic
+task (``configs/cpu_synthetic.yaml``): a tiny random Llama that learns two-operand sums in a
+couple of minutes with no download, which is also what the autograder's learning check trains.
+
+``load_config`` returns frozen dataclasses: the config is never mutated after loading
+(STYLE.md, 6). Unknown keys are refused with the closest valid key (difflib), and bad values
+with a message that names the field.
+
+References: CleanRL's documented dataclass args; nanoGPT's commented config overrides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A config problem the user can fix; the CLI prints the message without a traceback."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # "synthetic" builds assignment.model.tiny_llama over the synthetic tokenizer; anything else
+    # is a Hugging Face hub id or a local folder for AutoModelForCausalLM.from_pretrained.
+    name: str = "synthetic"
+    # A GGUF file inside the folder ``name`` (transformers dequantizes it; needs the gguf package).
+    gguf_file: Optional[str] = None
+    # Tokenizer source when it differs from the model (None: the model's own).
+    tokenizer: Optional[str] = None
+    # float32 | bfloat16 | float16. The value head always stays float32 (assignment/model.py).
+    dtype: str = "float32"
+    # Trade compute for memory in the update's forward/backward.
+    gradient_checkpointing: bool = False
+    # Size of the synthetic model (ignored for real models).
+    hidden_size: int = 64
+    num_layers: int = 2
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    # "synthetic" (generated arithmetic, see assignment/synthetic.py) or "gsm8k".
+    task: str = "synthetic"
+    # GSM8K from the hub: dataset id and config name...
+    hub_id: str = "openai/gsm8k"
+    hub_config: str = "main"
+    # ...or from a folder holding OpenAI's train.jsonl / test.jsonl (takes precedence when set).
+    local_dir: Optional[str] = None
+    # Use at most this many training problems (None: all).
+    max_train: Optional[int] = None
+    # System message for chat templates (None: the template's own default).
+    system_prompt: Optional[str] = None
+    # The user message; {question} is replaced by the problem text.
+    prompt_template: str = "{question}"
+    # Synthetic task: operands are drawn from [0, max_operand], operators from ``operators``.
+    max_operand: int = 4
+    operators: str = "+"
+    synthetic_train_size: int = 2000
+    synthetic_test_size: int = 200
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    # Reward of a response whose '#### <number>' equals the reference answer.
+    correct: float = 1.0
+    # Bonus for a well-formed '#### <number>' line, paid only under ``format_bonus_when``.
+    format_bonus: float = 0.1
+    # always: any well-formed answer (the measured pitfall on GSM8K: PPO learns to skip the
+    #   reasoning and answer '#### 5' at once); reasoning: only after >= min_reasoning_words
+    #   words of work before the answer; correct: only when the answer is right.
+    format_bonus_when: str = "always"
+    min_reasoning_words: int = 0
+    # Added when the response hits max_new_tokens without an EOS (negative discourages rambling).
+    truncation_reward: float = 0.0
+    # Per response token, added to the reward (negative: a length penalty; 0 disables).
+    per_token_reward: float = 0.0
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    # Responses sampled per PPO step (one per prompt).
+    batch_size: int = 64
+    # Prompts longer than this (in tokens) are truncated on the left.
+    max_prompt_tokens: int = 256
+    max_new_tokens: int = 6
+    # Sampling temperature; the update divides logits by the same value (CONTRACT.md, 5).
+    temperature: float = 1.0
+    # Nucleus and top-k sampling (1.0 / 0 disable them).
+    top_p: float = 1.0
+    top_k: int = 0
+    # Forward passes over the rollout run in chunks of this many sequences (memory bound).
+    forward_batch_size: int = 64
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    epochs: int = 4
+    minibatch_size: int = 16
+    # Minibatches per optimizer step; (batch_size / minibatch_size) must be a multiple of it.
+    grad_accum_steps: int = 1
+    clip_ratio: float = 0.2
+    clip_range_value: float = 0.2
+    vf_coeff: float = 0.5
+    entropy_coeff: float = 0.0
+    max_grad_norm: float = 1.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    # Any name transformers.get_scheduler knows: constant, constant_with_warmup, linear, cosine, ...
+    lr_scheduler: str = "constant_with_warmup"
+    warmup_steps: int = 0
+
+
+@dataclass(frozen=True)
+class KLConfig:
+    # Initial coefficient of the k1 penalty kl_coeff * (logprobs_old - ref_logprobs) per token.
+    coeff: float = 0.0
+    # Ziegler et al. (2019) adaptive controller: steer the per-sequence KL towards ``target``.
+    adaptive: bool = False
+    target: float = 6.0
+    horizon: int = 10000
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    # Greedy strict accuracy on this many test problems: before training, every ``every`` PPO
+    # steps (0: never in between) and at the end.
+    size: int = 200
+    every: int = 0
+    batch_size: int = 64
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 200
+    seed: int = 0
+    # cpu | cuda | cuda:N | auto (cuda when available).
+    device: str = "auto"
+    # Run directory: metrics, TensorBoard, checkpoints, effective config, reward curve.
+    output_dir: str = "runs/cpu_synthetic"
+    # Save a checkpoint every this many steps (0: only at the end); only the latest is kept.
+    checkpoint_every: int = 0
+    # Print and log this many sample generations every ``sample_every`` steps.
+    sample_every: int = 25
+    num_samples: int = 2
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "ppo-llm-course"
+    # Show tqdm progress bars.
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    kl: KLConfig = field(default_factory=KLConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def _valid_keys(node: Any = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the config tree, e.g. ``ppo.lr``."""
+    node = Config() if node is None else node
+    keys = []
+    for f in dataclasses.fields(node):
+        keys.append(prefix + f.name)
+        value = getattr(node, f.name)
+        if dataclasses.is_dataclass(value):
+            keys.extend(_valid_keys(value, prefix + f.name + "."))
+    return keys
+
+
+def _check_keys(tree: Any, source: str, prefix: str = "") -> None:
+    """Refuse a key the schema lacks, naming the closest valid one."""
+    if not isinstance(tree, (dict, DictConfig)):
+        return
+    valid = _valid_keys()
+    for key in tree.keys():
+        dotted = prefix + str(key)
+        if dotted not in valid:
+            close = difflib.get_close_matches(dotted, valid, n=1, cutoff=0.5)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown config key '{dotted}' in {source}{hint}")
+        _check_keys(tree[key], source, dotted + ".")
+
+
+def _validate(cfg: Config) -> None:
+    """Refuse values the trainer cannot run with, naming the field."""
+    problems = []
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            problems.append(message)
+
+    r, p = cfg.rollout, cfg.ppo
+    need(cfg.model.dtype in ("float32", "bfloat16", "float16"), f"model.dtype must be float32, bfloat16 or float16, got '{cfg.model.dtype}'")
+    need(cfg.data.task in ("synthetic", "gsm8k"), f"data.task must be 'synthetic' or 'gsm8k', got '{cfg.data.task}'")
+    need("{question}" in cfg.data.prompt_template, "data.prompt_template must contain '{question}'")
+    need(cfg.data.max_operand >= 1, "data.max_operand must be >= 1")
+    need(bool(cfg.data.operators) and set(cfg.data.operators) <= set("+-"), "data.operators may only hold '+' and '-'")
+    need(cfg.reward.format_bonus_when in ("always", "reasoning", "correct"),
+         f"reward.format_bonus_when must be always, reasoning or correct, got '{cfg.reward.format_bonus_when}'")
+    need(cfg.reward.min_reasoning_words >= 0, "reward.min_reasoning_words must be >= 0")
+    need(r.batch_size >= 2, "rollout.batch_size must be >= 2 (advantages are whitened over the batch)")
+    need(r.max_new_tokens >= 1 and r.max_prompt_tokens >= 1, "rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
+    need(r.temperature > 0, f"rollout.temperature must be > 0, got {r.temperature}")
+    need(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
+    need(r.top_k >= 0, f"rollout.top_k must be >= 0, got {r.top_k}")
+    need(r.forward_batch_size >= 1, "rollout.forward_batch_size must be >= 1")
+    need(p.epochs >= 1, "ppo.epochs must be >= 1")
+    need(p.minibatch_size >= 1 and r.batch_size % p.minibatch_size == 0,
+         f"ppo.minibatch_size ({p.minibatch_size}) must divide rollout.batch_size ({r.batch_size})")
+    need(p.grad_accum_steps >= 1 and p.minibatch_size >= 1 and (r.batch_size // p.minibatch_size) % p.grad_accum_steps == 0,
+         f"ppo.grad_accum_steps ({p.grad_accum_steps}) must divide the number of minibatches per epoch "
+         f"(rollout.batch_size / ppo.minibatch_size = {r.batch_size // max(p.minibatch_size, 1)})")
+    need(p.lr > 0, f"ppo.lr must be > 0, got {p.lr}")
+    need(p.clip_ratio > 0 and p.clip_range_value > 0, "ppo.clip_ratio and ppo.clip_range_value must be > 0")
+    need(p.max_grad_norm > 0, "ppo.max_grad_norm must be > 0")
+    need(0 <= p.gamma <= 1 and 0 <= p.lam <= 1, "ppo.gamma and ppo.lam must be in [0, 1]")
+    need(p.vf_coeff >= 0 and p.weight_decay >= 0 and p.warmup_steps >= 0, "ppo.vf_coeff, ppo.weight_decay and ppo.warmup_steps must be >= 0")
+    need(cfg.kl.coeff >= 0, f"kl.coeff must be >= 0, got {cfg.kl.coeff}")
+    need(cfg.kl.target > 0 and cfg.kl.horizon > 0, "kl.target and kl.horizon must be > 0")
+    need(cfg.eval.size >= 0 and cfg.eval.every >= 0 and cfg.eval.batch_size >= 1, "eval.size and eval.every must be >= 0, eval.batch_size >= 1")
+    need(cfg.train.steps >= 1, "train.steps must be >= 1")
+    need(cfg.train.checkpoint_every >= 0 and cfg.train.sample_every >= 0 and cfg.train.num_samples >= 0,
+         "train.checkpoint_every, train.sample_every and train.num_samples must be >= 0")
+    if problems:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the YAML file at ``path``, then ``key=value`` overrides; validated.
+
+    Raises ConfigError for a missing file, an unknown key (naming the closest valid one), a
+    value of the wrong type, or a value out of range.
+    """
+    merged = OmegaConf.structured(Config)
+    layers = []
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            layers.append((OmegaConf.load(path), str(path)))
+        except Exception as err:  # YAML syntax errors come in several exception types
+            raise ConfigError(f"cannot parse {path}: {err}") from None
+        if not isinstance(layers[-1][0], DictConfig):
+            raise ConfigError(f"{path} must hold a mapping of config sections")
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+    try:
+        layers.append((OmegaConf.from_dotlist(list(overrides)), "the command-line overrides"))
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"bad override: {err}") from None
+    for layer, source in layers:
+        _check_keys(layer, source)
+        try:
+            merged = OmegaConf.merge(merged, layer)
+        except OmegaConfBaseException as err:
+            raise ConfigError(f"bad value in {source}: {_short(err)}") from None
+    try:
+        cfg = OmegaConf.to_object(merged)  # resolves ${oc.env:...} interpolations
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"cannot resolve the config: {_short(err)}") from None
+    _validate(cfg)
+    return cfg
+
+
+def _short(err: Exception) -> str:
+    """OmegaConf's message without its multi-line 'full_key/object_type' trailer."""
+    return str(err).split("\n")[0] + _key_of(err)
+
+
+def _key_of(err: Exception) -> str:
+    key = getattr(err, "full_key", None)
+    return f" (key '{key}')" if key else ""
+
+
+def to_yaml(cfg: Config) -> str:
+    """The effective config, as saved beside a run and loadable by ``load_config``."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+

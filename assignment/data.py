@@ -1,0 +1,94 @@
+"""Problems to train and evaluate on: GSM8K (hub or local jsonl) or the synthetic task.
+
+Both come as GSM8K records ``{"question", "answer"}`` where the answer ends with
+``#### <number>``; ``Problem`` keeps the question and the normalised reference number.
+A local folder holds OpenAI's original ``train.jsonl`` and ``test.jsonl``. Every line is
+checked before ``datasets``' json loader reads the files, so a malformed line is reported by
+file and line number instead of as a pyarrow traceback.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from assignment.config import DataConfig
+from assignment.reward import extract_answer
+from assignment.synthetic import make_problems
+
+SPLITS = ("train", "test")
+
+
+class DataError(ValueError):
+    """A data problem the user can fix; the CLI prints the message without a traceback."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    question: str
+    # The normalised reference answer, as ``assignment.reward.extract_answer`` returns it.
+    answer: str
+
+
+def check_jsonl(path: Path) -> int:
+    """Check that every non-blank line of ``path`` is a GSM8K record; return their number.
+
+    Raises DataError naming the file and the 1-based line number of the first bad line.
+    """
+    if not path.is_file():
+        raise DataError(f"data file not found: {path}")
+    count = 0
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}:{number}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("question", "answer")):
+                raise DataError(f"{path}:{number}: expected an object with string fields 'question' and 'answer'")
+            if extract_answer(record["answer"]) is None:
+                raise DataError(f"{path}:{number}: the answer has no '#### <number>' line")
+            count += 1
+    if count == 0:
+        raise DataError(f"{path}: no records")
+    return count
+
+
+def _to_problems(records) -> list[Problem]:
+    return [Problem(r["question"], extract_answer(r["answer"])) for r in records]
+
+
+def load_gsm8k(cfg: DataConfig) -> dict[str, list[Problem]]:
+    """GSM8K's train and test problems, from ``cfg.local_dir`` when set, else from the hub."""
+    import datasets  # slow to import; only GSM8K runs need it
+
+    if cfg.local_dir:
+        files = {split: Path(cfg.local_dir) / f"{split}.jsonl" for split in SPLITS}
+        for path in files.values():
+            check_jsonl(path)
+        ds = datasets.load_dataset("json", data_files={k: str(v) for k, v in files.items()})
+    else:
+        try:
+            ds = datasets.load_dataset(cfg.hub_id, cfg.hub_config)
+        except Exception as err:  # network, auth and missing-dataset errors have many types
+            raise DataError(f"cannot load {cfg.hub_id} ({cfg.hub_config}) from the hub: {err}; "
+                            "set data.local_dir to a folder with train.jsonl and test.jsonl") from None
+    return {split: _to_problems(ds[split]) for split in SPLITS}
+
+
+def load_problems(cfg: DataConfig, seed: int) -> dict[str, list[Problem]]:
+    """``{"train": [...], "test": [...]}`` for the configured task, train capped at ``max_train``."""
+    if cfg.task == "synthetic":
+        # Distinct seeds per split; with small operands both splits cover the same few sums.
+        splits = {
+            "train": _to_problems(make_problems(cfg.synthetic_train_size, cfg.max_operand, cfg.operators, seed)),
+            "test": _to_problems(make_problems(cfg.synthetic_test_size, cfg.max_operand, cfg.operators, seed + 10_000)),
+        }
+    else:
+        splits = load_gsm8k(cfg)
+    if cfg.max_train is not None:
+        splits["train"] = splits["train"][: cfg.max_train]
+    return splits

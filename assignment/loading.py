@@ -1,0 +1,109 @@
+"""Load the tokenizer, the policy (LM + value head) and the frozen reference model.
+
+A model is a hub id, a local folder, or a GGUF file inside a folder (``model.gguf_file``):
+transformers dequantizes GGUF weights into a plain model but still marks it as quantized
+(``hf_quantizer``, ``is_quantized``, ``config.quantization_config``). Those flags would make
+transformers refuse dtype casts and training, and make ``save_pretrained`` write a GGUF
+quantization config for weights that are plain tensors; ``clear_quantization_flags`` removes
+them on purpose, right after loading.
+
+The reference model is a frozen deep copy of the LM as loaded (trl's ``create_reference_model``
+does the same, but in trl 1.16 it moved to ``trl.experimental``, whose import warns).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from assignment.config import ModelConfig
+from assignment.model import PolicyWithValueHead, tiny_llama
+from assignment.synthetic import build_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelError(ValueError):
+    """A model that cannot be loaded; the CLI prints the message without a traceback."""
+
+
+def _source(cfg: ModelConfig) -> tuple[str, dict]:
+    """The path or hub id to load from, and the extra from_pretrained kwargs (GGUF)."""
+    if cfg.gguf_file is None:
+        return cfg.name, {}
+    folder = Path(cfg.name)
+    if not (folder / cfg.gguf_file).is_file():
+        raise ModelError(f"GGUF model file not found: {folder / cfg.gguf_file} "
+                         "(model.name is its folder, model.gguf_file the file name)")
+    return str(folder), {"gguf_file": cfg.gguf_file}
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer, left-padding, with a pad token (EOS when the model has none)."""
+    if cfg.name == "synthetic":
+        return build_tokenizer()
+    source, kwargs = (cfg.tokenizer, {}) if cfg.tokenizer else _source(cfg)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot load the tokenizer from '{source}': {err}") from None
+    # Left padding puts every prompt's last token at column P-1, where the response starts.
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def clear_quantization_flags(model: PreTrainedModel) -> PreTrainedModel:
+    """Unmark a dequantized (GGUF-loaded) model as quantized; return it.
+
+    Only call this on a model whose weights are plain float tensors, as GGUF loading leaves them.
+    """
+    model.hf_quantizer = None
+    # transformers 5.x derives is_quantized from hf_quantizer; older versions stored a flag.
+    if not isinstance(getattr(type(model), "is_quantized", None), property):
+        model.is_quantized = False
+    for owner, name in ((model, "quantization_method"), (model.config, "quantization_config")):
+        if name in vars(owner):
+            delattr(owner, name)
+    return model
+
+
+def load_lm(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> PreTrainedModel:
+    """The causal LM in ``cfg.dtype``, in train mode; raises ModelError when it cannot load."""
+    dtype = DTYPES[cfg.dtype]
+    if cfg.name == "synthetic":
+        lm = tiny_llama(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+                        seed=seed, dtype=dtype, pad_token_id=tokenizer.pad_token_id,
+                        eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    else:
+        source, kwargs = _source(cfg)
+        try:
+            lm = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **kwargs)
+        except (OSError, ValueError) as err:
+            raise ModelError(f"cannot load the model '{source}': {err}") from None
+        if "gguf_file" in kwargs:
+            clear_quantization_flags(lm)
+    if cfg.gradient_checkpointing:
+        lm.gradient_checkpointing_enable()
+        lm.config.use_cache = False
+    return lm.train()
+
+
+def reference_model(lm: PreTrainedModel) -> PreTrainedModel:
+    """A frozen copy of ``lm`` in eval mode: the KL anchor, never updated."""
+    ref = copy.deepcopy(lm)
+    if getattr(ref, "is_gradient_checkpointing", False):
+        ref.gradient_checkpointing_disable()  # no backward through the reference
+    return ref.eval().requires_grad_(False)
+
+
+def build_models(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int,
+                 device: torch.device) -> tuple[PolicyWithValueHead, PreTrainedModel]:
+    """The trainable policy (LM + value head) and the frozen reference, both on ``device``."""
+    lm = load_lm(cfg, tokenizer, seed)
+    ref = reference_model(lm)
+    return PolicyWithValueHead(lm).to(device), ref.to(device)

@@ -1,0 +1,168 @@
+"""Rollout: render prompts, sample responses, and record what the PPO update needs.
+
+Shapes: ``B`` responses, ``P`` padded prompt length, ``T`` padded response length, ``V``
+vocabulary size. Prompts are left-padded to ``P`` so that every prompt's last token sits at
+column ``P-1``; responses follow, right-padded to ``T``.
+
+``logprobs_old`` and ``values`` come from a forward pass of the *same* ``PolicyWithValueHead``
+on the full (prompt + response) sequence, sliced ``[P-1 : P+T-1]`` and divided by the sampling
+temperature, exactly as ``ppo_minibatch_update`` slices them (CONTRACT.md, 5). So at the first
+minibatch of the first epoch the PPO ratio is exactly 1 (up to float rounding), which the
+generation scores would not guarantee. As in TRL and verl, ``logprobs_old`` is the full
+tempered softmax, without the top-k / top-p truncation that sampling applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from assignment.config import DataConfig, RolloutConfig
+from assignment.helpers import logprobs_from_logits
+from assignment.model import PolicyWithValueHead, position_ids_from_mask
+
+
+def render_prompts(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], cfg: DataConfig) -> list[str]:
+    """Each question as the model's chat prompt, or as plain text if it has no chat template."""
+    contents = [cfg.prompt_template.format(question=q) for q in questions]
+    if tokenizer.chat_template is None:
+        return contents
+    system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
+    return [tokenizer.apply_chat_template(system + [{"role": "user", "content": c}], tokenize=False,
+                                          add_generation_prompt=True) for c in contents]
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_tokens: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded token ids and attention mask, both (B, P); long prompts lose their start."""
+    # A rendered chat template already holds its special tokens (BOS included).
+    add_special = tokenizer.chat_template is None
+    tokenizer.truncation_side = "left"
+    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True, max_length=max_tokens,
+                    add_special_tokens=add_special, padding_side="left")
+    return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def eos_token_ids(lm: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Every id that ends a response: the generation config's EOS id(s) and the tokenizer's."""
+    ids = lm.generation_config.eos_token_id
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return sorted(set(ids))
+
+
+def response_mask_from_ids(response_ids: torch.Tensor, eos_ids: Sequence[int]) -> torch.Tensor:
+    """(B, T) bool mask of real tokens: everything up to and including the first EOS.
+
+    A row without EOS (cut at max_new_tokens) is real throughout. Tokens after the first EOS
+    are padding even when they are EOS too, as they are when the pad token is the EOS token.
+    """
+    is_eos = torch.isin(response_ids, torch.tensor(list(eos_ids), device=response_ids.device))  # (B, T)
+    eos_before = torch.cumsum(is_eos.long(), dim=-1) - is_eos.long()  # EOS tokens strictly before t
+    return eos_before == 0
+
+
+@torch.no_grad()
+def generate(lm: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: RolloutConfig,
+             pad_token_id: int, eos_ids: Sequence[int], greedy: bool = False) -> torch.Tensor:
+    """Sample (or greedily decode) responses; returns response ids (B, T), T <= max_new_tokens."""
+    # A fresh GenerationConfig: a model's own defaults (Qwen ships top_k=20, repetition_penalty
+    # 1.05, ...) would otherwise silently change the sampling distribution the ratio assumes.
+    sampling = {} if greedy else {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k}
+    gen_cfg = GenerationConfig(do_sample=not greedy, max_new_tokens=cfg.max_new_tokens,
+                               pad_token_id=pad_token_id, eos_token_id=list(eos_ids), **sampling)
+    out = lm.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg)
+    return out[:, prompt_ids.shape[1]:]
+
+
+def response_forward(forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
+                     input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+                     temperature: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Tempered log-probs of the response tokens (B, T) and values (B, T) (None if no value head).
+
+    ``forward(input_ids, attention_mask)`` returns ``(logits (b, P+T, V), values (b, P+T) or
+    None)``; it runs on chunks of ``chunk`` rows so that the (b, T, V) logits fit in memory.
+    """
+    P = prompt_length
+    T = input_ids.shape[1] - P
+    logprobs, values = [], []
+    for start in range(0, input_ids.shape[0], chunk):
+        ids, mask = input_ids[start:start + chunk], attention_mask[start:start + chunk]
+        logits, vals = forward(ids, mask)
+        logits = logits[:, P - 1:P + T - 1] / temperature  # (b, T, V)
+        logprobs.append(logprobs_from_logits(logits, ids[:, P:]))
+        if vals is not None:
+            values.append(vals[:, P - 1:P + T - 1].float())  # (b, T)
+    return torch.cat(logprobs), (torch.cat(values) if values else None)
+
+
+def reference_forward(ref: PreTrainedModel) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, None]]:
+    """The reference LM as a ``forward`` for ``response_forward``, positions as in the policy."""
+
+    def forward(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, None]:
+        out = ref(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
+        return out.logits, None
+
+    return forward
+
+
+@dataclass
+class Sample:
+    """Responses to a batch of prompts, before any scoring."""
+
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor  # (B, P)
+    response_ids: torch.Tensor  # (B, T) right-padded with the pad token
+    response_mask: torch.Tensor  # (B, T) bool, up to and including the first EOS
+    finished: torch.Tensor  # (B,) bool, the response ended with EOS
+
+
+@torch.no_grad()
+def sample(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
+           cfg: RolloutConfig, greedy: bool = False) -> Sample:
+    """One response per prompt, sampled as ``cfg`` says (or greedy, for evaluation)."""
+    device = next(policy.parameters()).device
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens, device)
+    eos_ids = eos_token_ids(policy.lm, tokenizer)
+    was_training = policy.training
+    policy.eval()  # generate with a KV cache (gradient checkpointing turns it off in train mode)
+    response_ids = generate(policy.lm, prompt_ids, prompt_mask, cfg, tokenizer.pad_token_id, eos_ids, greedy)
+    policy.train(was_training)
+    mask = response_mask_from_ids(response_ids, eos_ids)
+    finished = (torch.isin(response_ids, torch.tensor(eos_ids, device=device)) & mask).any(dim=-1)
+    response_ids = torch.where(mask, response_ids, tokenizer.pad_token_id)
+    return Sample(prompt_ids, prompt_mask, response_ids, mask, finished)
+
+
+@dataclass
+class Rollout:
+    """One batch of sampled responses and everything the update reads from it."""
+
+    sample: Sample
+    input_ids: torch.Tensor  # (B, P+T) prompt then response
+    attention_mask: torch.Tensor  # (B, P+T)
+    logprobs: torch.Tensor  # (B, T) tempered log-probs under the policy at rollout time
+    ref_logprobs: torch.Tensor  # (B, T) tempered log-probs under the frozen reference
+    values: torch.Tensor  # (B, T) V(s_t) at rollout time
+
+    @property
+    def prompt_length(self) -> int:
+        return self.sample.prompt_ids.shape[1]
+
+
+@torch.no_grad()
+def collect(policy: PolicyWithValueHead, ref: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+            prompts: Sequence[str], cfg: RolloutConfig) -> Rollout:
+    """Sample one response per prompt and score it under the policy (with values) and the reference."""
+    s = sample(policy, tokenizer, prompts, cfg)
+    P = s.prompt_ids.shape[1]
+    input_ids = torch.cat([s.prompt_ids, s.response_ids], dim=1)  # (B, P+T)
+    attention_mask = torch.cat([s.prompt_mask, s.response_mask.to(s.prompt_mask.dtype)], dim=1)  # (B, P+T)
+    logprobs, values = response_forward(policy, input_ids, attention_mask, P, cfg.temperature, cfg.forward_batch_size)
+    ref_logprobs, _ = response_forward(reference_forward(ref), input_ids, attention_mask, P, cfg.temperature,
+                                       cfg.forward_batch_size)
+    return Rollout(s, input_ids, attention_mask, logprobs, ref_logprobs, values)

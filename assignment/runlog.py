@@ -1,0 +1,124 @@
+"""What a run leaves behind: JSONL metrics, TensorBoard, optional wandb, samples, a reward curve.
+
+A run directory holds ``config.yaml`` (the effective config), ``metrics.jsonl`` (one line per
+PPO step), ``eval.jsonl`` (one line per evaluation), ``samples.jsonl`` (sample generations),
+``eval_samples/step_N.jsonl`` (every greedy evaluation response), ``tb/`` (TensorBoard) and,
+at the end, ``reward_curve.png``. Keys are namespaced: ``rollout/``, ``loss/``, ``stats/``,
+``eval/``, ``time/``. On resume the JSONL files are cut back to the checkpoint's step, so that
+steps a killed run logged after its last checkpoint are not counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from assignment.config import Config, to_dict
+
+METRICS, EVALS, SAMPLES = "metrics.jsonl", "eval.jsonl", "samples.jsonl"
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _truncate(path: Path, last_step: int) -> None:
+    """Keep only the records of ``path`` with step <= last_step."""
+    kept = [r for r in read_jsonl(path) if r["step"] <= last_step]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+
+
+class RunLogger:
+    """Writes every record to JSONL and, when enabled, TensorBoard and wandb."""
+
+    def __init__(self, out: Path, cfg: Config, start_step: int):
+        self.out = out
+        for name in (METRICS, EVALS, SAMPLES):
+            _truncate(out / name, start_step)
+        self.tb = None
+        if cfg.train.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step drops events a killed run wrote after its last checkpoint.
+            self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1 if start_step else None)
+        self.wandb = None
+        if cfg.train.wandb:
+            import wandb  # optional dependency, imported only when asked for
+
+            self.wandb = wandb.init(project=cfg.train.wandb_project, dir=str(out), config=to_dict(cfg),
+                                    name=out.name, resume="allow")
+
+    def _append(self, name: str, record: dict[str, Any]) -> None:
+        with (self.out / name).open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def log(self, step: int, metrics: dict[str, float], file: str = METRICS) -> None:
+        self._append(file, {"step": step, **metrics})
+        for key, value in metrics.items():
+            if self.tb is not None:
+                self.tb.add_scalar(key, value, step)
+        if self.wandb is not None:
+            self.wandb.log(metrics, step=step)
+
+    def samples(self, step: int, samples: list[dict[str, Any]]) -> None:
+        for sample in samples:
+            self._append(SAMPLES, {"step": step, **sample})
+        if self.tb is not None:
+            text = "\n\n".join(f"**Q:** {s['question']}\n\n**A:** {s['response']}\n\n(reward {s['reward']:.2f})"
+                               for s in samples)
+            self.tb.add_text("samples", text, step)
+
+    def eval_records(self, step: int, records: list[dict[str, Any]]) -> None:
+        folder = self.out / "eval_samples"
+        folder.mkdir(exist_ok=True)
+        (folder / f"step_{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over up to ``window`` values (shorter at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def plot_run(out: Path) -> Path:
+    """Draw ``reward_curve.png``: training reward (raw and smoothed) and eval accuracy/format."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    metrics, evals = read_jsonl(out / METRICS), read_jsonl(out / EVALS)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
+    steps = [m["step"] for m in metrics]
+    rewards = [m["rollout/reward_mean"] for m in metrics]
+    top.plot(steps, rewards, alpha=0.35, label="reward (batch mean)")
+    top.plot(steps, moving_average(rewards, 10), label="reward (10-step mean)")
+    top.set_ylabel("training reward")
+    top.legend()
+    if evals:
+        eval_steps = [e["step"] for e in evals]
+        bottom.plot(eval_steps, [e["eval/accuracy"] for e in evals], "o-", label="eval strict accuracy")
+        bottom.plot(eval_steps, [e["eval/format_rate"] for e in evals], "s--", label="eval format rate")
+        bottom.legend()
+    bottom.set_ylim(-0.02, 1.02)
+    bottom.set_xlabel("PPO step")
+    bottom.set_ylabel("greedy eval")
+    fig.tight_layout()
+    path = out / "reward_curve.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
