@@ -1,0 +1,5 @@
+import sys
+
+from autograder.cli import main
+
+sys.exit(main())

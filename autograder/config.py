@@ -1,0 +1,129 @@
+"""grading.yaml, typed: every number the grader uses, with no defaults in code.
+
+The dataclasses below have no default values on purpose: a key missing from the YAML is an
+error, and so is an unknown one (OmegaConf structured configs reject both).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's values
+SANDBOXES = ("auto", "namespaces", "user", "process")
+
+
+class ConfigError(ValueError):
+    """grading.yaml is malformed; the message says where."""
+
+
+@dataclass
+class SeedConfig:
+    public: int = MISSING
+    hidden_env: str = MISSING
+    hidden_file: str | None = MISSING
+
+
+@dataclass
+class WorkerConfig:
+    sandbox: str = MISSING
+    sandbox_user: str = MISSING
+    memory_mb: int = MISSING
+    threads: int = MISSING
+    import_timeout_s: float = MISSING
+    call_timeout_s: float = MISSING
+    update_timeout_s: float = MISSING
+
+
+@dataclass
+class HypothesisConfig:
+    shrink_calls: int = MISSING
+
+
+@dataclass
+class CheckConfig:
+    points: float = MISSING
+    examples: int = MISSING
+    visibility: str = MISSING
+    rtol: float = MISSING
+    atol: float = MISSING
+
+
+@dataclass
+class TrainingConfig:
+    enabled: bool = MISSING
+    points: float = MISSING
+    threshold: float = MISSING
+    timeout_s: float = MISSING
+    seed: int = MISSING
+
+
+@dataclass
+class GradingConfig:
+    seeds: SeedConfig = MISSING
+    worker: WorkerConfig = MISSING
+    hypothesis: HypothesisConfig = MISSING
+    exercises: dict[int, dict[str, CheckConfig]] = MISSING
+    training: TrainingConfig = MISSING
+
+
+def load(path: Path, expected_checks: dict[int, tuple[str, ...]]) -> GradingConfig:
+    """Load and validate ``path`` against the checks the grader implements."""
+    try:
+        raw = OmegaConf.load(path)
+        merged = OmegaConf.merge(OmegaConf.structured(GradingConfig), raw)
+        cfg: GradingConfig = OmegaConf.to_object(merged)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OmegaConfBaseException as err:
+        raise ConfigError(f"{path}: {err.msg if hasattr(err, 'msg') else err}".splitlines()[0]) from None
+    _validate(cfg, expected_checks, path)
+    return cfg
+
+
+def _validate(cfg: GradingConfig, expected: dict[int, tuple[str, ...]], path: Path) -> None:
+    if cfg.worker.sandbox not in SANDBOXES:
+        raise ConfigError(f"{path}: worker.sandbox must be one of {SANDBOXES}, not {cfg.worker.sandbox!r}")
+    if set(cfg.exercises) != set(expected):
+        raise ConfigError(f"{path}: exercises must be exactly {sorted(expected)}, found {sorted(cfg.exercises)}")
+    for number, checks in cfg.exercises.items():
+        for name in checks:
+            if name not in expected[number]:
+                close = difflib.get_close_matches(name, expected[number], n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(f"{path}: exercises.{number}.{name} is not a check of exercise {number}{hint}")
+        for name in expected[number]:
+            if name not in checks:
+                raise ConfigError(f"{path}: exercises.{number}.{name} is missing")
+        for name, check in checks.items():
+            where = f"{path}: exercises.{number}.{name}"
+            if check.visibility not in VISIBILITIES:
+                raise ConfigError(f"{where}.visibility must be one of {VISIBILITIES}")
+            if check.points < 0 or check.examples < 1 or check.rtol < 0 or check.atol < 0:
+                raise ConfigError(f"{where}: points, rtol and atol must be >= 0 and examples >= 1")
+    for key in ("memory_mb", "threads", "import_timeout_s", "call_timeout_s", "update_timeout_s"):
+        if getattr(cfg.worker, key) <= 0:
+            raise ConfigError(f"{path}: worker.{key} must be positive")
+
+
+def hidden_seed(cfg: GradingConfig) -> tuple[int, str]:
+    """The secret seed and where it came from: 'env', 'file', or 'public-fallback'."""
+    value = os.environ.get(cfg.seeds.hidden_env)
+    source = "env"
+    if not value and cfg.seeds.hidden_file:
+        try:
+            value = Path(cfg.seeds.hidden_file).read_text().strip().splitlines()[0]
+            source = "file"
+        except (OSError, IndexError):
+            value = None
+    if not value:
+        return cfg.seeds.public, "public-fallback"
+    try:
+        return int(value), source
+    except ValueError:
+        raise ConfigError(f"the hidden seed from {source} is not an integer") from None
