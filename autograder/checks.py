@@ -325,8 +325,18 @@ def _cfg_ns(cfg: dict):
     return SimpleNamespace(**cfg)
 
 
+_SCRATCH: dict[int, torch.nn.Module] = {}
+
+
 def run_reference_update(model: torch.nn.Module, case: cases.UpdateCase) -> Updated:
-    model = copy.deepcopy(model)
+    """Run the reference scenario on a scratch copy of ``model`` (reset to its weights)."""
+    if id(model) not in _SCRATCH:
+        _SCRATCH.clear()
+        _SCRATCH[id(model)] = copy.deepcopy(model)
+    scratch = _SCRATCH[id(model)]
+    scratch.load_state_dict(model.state_dict())
+    scratch.zero_grad(set_to_none=True)
+    model = scratch
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     metrics, grads = [], {}
     for call in case.calls:

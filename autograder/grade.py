@@ -128,12 +128,12 @@ def grade(submission: Path, cfg: GradingConfig, config_path: Path, with_training
     try:
         workers.start("call")
         workers.start("update")
+        context = {"model": checks.grading_model()}  # imports transformers while the workers start
         ready = workers.get("call")
         if ready.import_error is not None:
             message = "the submission could not be imported: " + _describe_error(ready.import_error)
             results = [_zero(n, c, cfg, message) for n in checks.CHECKS for c in checks.CHECKS[n]]
         else:
-            context = {"model": checks.grading_model()}
             for number, exercise_checks in checks.CHECKS.items():
                 results += _grade_exercise(number, exercise_checks, cfg, workers, context, secret, ready.callable)
     finally:
@@ -189,23 +189,26 @@ def _run_check(number, check: checks.Check, cfg: GradingConfig, workers: _Worker
     timeout = cfg.worker.update_timeout_s if number == 5 else cfg.worker.call_timeout_s
     last: list[_Failed] = []
 
-    def run(header, tensors):
+    def run(header, tensors, meanwhile=None):
         try:
-            return workers.get(role).request(header, tensors, timeout, oracle=checks.oracle if number == 5 else None)
+            return workers.get(role).request(header, tensors, timeout, oracle=checks.oracle if number == 5 else None,
+                                             meanwhile=meanwhile)
         except (WorkerDied, WorkerTimeout) as err:
             workers.drop(role)
             raise _Abort(f"{err}; the remaining checks of this exercise were not run", fatal=True) from None
 
     def evaluate(case):
+        ref = []  # computed while the worker runs the submission
         if number == 5:
-            ref = checks.run_reference_update(context["model"], case)
-            sub, problems = checks.call_submission_update(case, context["model"], run)
+            sub, problems = checks.call_submission_update(
+                case, context["model"],
+                lambda h, t: run(h, t, lambda: ref.append(checks.run_reference_update(context["model"], case))))
         else:
             spec = checks.SPECS[number]
-            ref = checks.call_reference(spec, case)
-            sub, problems = checks.call_submission(spec, case, run)
+            sub, problems = checks.call_submission(
+                spec, case, lambda h, t: run(h, t, lambda: ref.append(checks.call_reference(spec, case))))
         if not problems:
-            problems = check.compare(case, ref, sub, tol)
+            problems = check.compare(case, ref[0], sub, tol)
         return sub, problems
 
     @hypothesis_seed(_seed_for(base, number, check.id))

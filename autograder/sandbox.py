@@ -158,14 +158,20 @@ class Worker:
         self.ready = True
 
     def request(self, header: dict, tensors: dict[str, torch.Tensor], timeout_s: float,
-                oracle=None) -> tuple[dict, dict[str, torch.Tensor]]:
-        """Send one request; answer ``oracle`` frames with ``oracle(header, tensors)`` until the reply."""
+                oracle=None, meanwhile=None) -> tuple[dict, dict[str, torch.Tensor]]:
+        """Send one request; answer ``oracle`` frames with ``oracle(header, tensors)`` until the reply.
+
+        ``meanwhile()`` runs after the request is sent, so the grader's own work (the reference)
+        overlaps the worker's.
+        """
         try:
             protocol.send(self.fd_out, header, tensors)
         except (BrokenPipeError, OSError):
             self.kill()
             raise WorkerDied("the worker exited before the request could be sent") from None
         deadline = time.monotonic() + timeout_s
+        if meanwhile is not None:
+            meanwhile()
         while True:
             reply, reply_tensors = self._receive(deadline - time.monotonic(), "the call")
             if reply.get("op") != "oracle":
