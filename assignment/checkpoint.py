@@ -36,11 +36,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def save(out: Path, step: int, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-         kl_state: dict[str, float]) -> Path:
+         extra: dict[str, Any]) -> Path:
+    """Write the checkpoint of ``step``; ``extra`` holds the trainer's small states (KL
+    controller, curriculum) by name."""
     path = out / FILENAME
     tmp = out / (FILENAME + ".tmp")
     torch.save({"step": step, "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "kl": kl_state, "rng": rng_state()}, tmp)
+                "scheduler": scheduler.state_dict(), "rng": rng_state(), **extra}, tmp)
     os.replace(tmp, path)
     return path
 

@@ -63,10 +63,18 @@ class DataConfig:
     # The user message; {question} is replaced by the problem text.
     prompt_template: str = "{question}"
     # Synthetic task: operands are drawn from [0, max_operand], operators from ``operators``.
+    # Training problems are generated afresh every step; the test set is a fixed sample.
     max_operand: int = 4
     operators: str = "+"
-    synthetic_train_size: int = 2000
     synthetic_test_size: int = 200
+    # Curriculum (synthetic only): training operands start in [0, curriculum_start] and the
+    # range widens by one each time the rollout correct rate, averaged over the last
+    # ``curriculum_window`` steps, reaches ``curriculum_threshold`` (None: no curriculum).
+    # Why: from random init the policy collapses onto the most frequent sum before it learns
+    # to read the operands; on a few problems it learns to read them, then generalises.
+    curriculum_start: Optional[int] = None
+    curriculum_threshold: float = 0.8
+    curriculum_window: int = 5
 
 
 @dataclass(frozen=True)
@@ -212,6 +220,11 @@ def _validate(cfg: Config) -> None:
     need(cfg.data.task in ("synthetic", "gsm8k"), f"data.task must be 'synthetic' or 'gsm8k', got '{cfg.data.task}'")
     need("{question}" in cfg.data.prompt_template, "data.prompt_template must contain '{question}'")
     need(cfg.data.max_operand >= 1, "data.max_operand must be >= 1")
+    d = cfg.data
+    need(d.curriculum_start is None or (d.task == "synthetic" and 0 <= d.curriculum_start <= d.max_operand),
+         "data.curriculum_start must be null, or (for the synthetic task) in [0, data.max_operand]")
+    need(0 < d.curriculum_threshold <= 1 and d.curriculum_window >= 1,
+         "data.curriculum_threshold must be in (0, 1] and data.curriculum_window >= 1")
     need(bool(cfg.data.operators) and set(cfg.data.operators) <= set("+-"), "data.operators may only hold '+' and '-'")
     need(cfg.reward.format_bonus_when in ("always", "reasoning", "correct"),
          f"reward.format_bonus_when must be always, reasoning or correct, got '{cfg.reward.format_bonus_when}'")

@@ -10,6 +10,7 @@ file and line number instead of as a pyarrow traceback.
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,15 +81,53 @@ def load_gsm8k(cfg: DataConfig) -> dict[str, list[Problem]]:
 
 
 def load_problems(cfg: DataConfig, seed: int) -> dict[str, list[Problem]]:
-    """``{"train": [...], "test": [...]}`` for the configured task, train capped at ``max_train``."""
+    """``{"train": [...], "test": [...]}`` for the configured task, train capped at ``max_train``.
+
+    The synthetic task has no fixed training set (``training_batch`` generates it); its test
+    set is drawn with operands up to ``max_operand``, the full task, whatever the curriculum.
+    """
     if cfg.task == "synthetic":
-        # Distinct seeds per split; with small operands both splits cover the same few sums.
-        splits = {
-            "train": _to_problems(make_problems(cfg.synthetic_train_size, cfg.max_operand, cfg.operators, seed)),
-            "test": _to_problems(make_problems(cfg.synthetic_test_size, cfg.max_operand, cfg.operators, seed + 10_000)),
-        }
-    else:
-        splits = load_gsm8k(cfg)
+        test = make_problems(cfg.synthetic_test_size, cfg.max_operand, cfg.operators, f"test-{seed}")
+        return {"train": [], "test": _to_problems(test)}
+    splits = load_gsm8k(cfg)
     if cfg.max_train is not None:
         splits["train"] = splits["train"][: cfg.max_train]
     return splits
+
+
+def training_batch(cfg: DataConfig, train: list[Problem], batch_size: int, seed: int, step: int,
+                   max_operand: int) -> list[Problem]:
+    """The problems of PPO step ``step``: a function of its arguments only, so that a resumed
+    run draws the same ones. Synthetic problems are generated with operands up to
+    ``max_operand`` (the curriculum's level); GSM8K ones are drawn from ``train``."""
+    key = f"{seed}-{step}"
+    if cfg.task == "synthetic":
+        return _to_problems(make_problems(batch_size, max_operand, cfg.operators, key))
+    rng = random.Random(key)
+    return rng.sample(train, batch_size) if batch_size <= len(train) else rng.choices(train, k=batch_size)
+
+
+class Curriculum:
+    """The synthetic task's operand range: from ``curriculum_start`` up to ``max_operand``,
+    one step wider each time the correct rate, averaged over the last ``curriculum_window``
+    PPO steps, reaches ``curriculum_threshold``. Without a curriculum it stays at ``max_operand``."""
+
+    def __init__(self, cfg: DataConfig):
+        self.cfg = cfg
+        self.level = cfg.max_operand if cfg.curriculum_start is None else cfg.curriculum_start
+        self.recent: list[float] = []
+
+    def update(self, correct_rate: float) -> None:
+        """Record a step's rollout correct rate; widen the range when it is high enough."""
+        if self.level >= self.cfg.max_operand:
+            return
+        self.recent = (self.recent + [correct_rate])[-self.cfg.curriculum_window:]
+        if len(self.recent) == self.cfg.curriculum_window and sum(self.recent) / len(self.recent) >= self.cfg.curriculum_threshold:
+            self.level += 1
+            self.recent = []
+
+    def state_dict(self) -> dict:
+        return {"level": self.level, "recent": list(self.recent)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.level, self.recent = state["level"], list(state["recent"])

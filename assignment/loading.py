@@ -87,23 +87,19 @@ def load_lm(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> 
             raise ModelError(f"cannot load the model '{source}': {err}") from None
         if "gguf_file" in kwargs:
             clear_quantization_flags(lm)
-    if cfg.gradient_checkpointing:
-        lm.gradient_checkpointing_enable()
-        lm.config.use_cache = False
     return lm.train()
 
 
 def reference_model(lm: PreTrainedModel) -> PreTrainedModel:
     """A frozen copy of ``lm`` in eval mode: the KL anchor, never updated."""
-    ref = copy.deepcopy(lm)
-    if getattr(ref, "is_gradient_checkpointing", False):
-        ref.gradient_checkpointing_disable()  # no backward through the reference
-    return ref.eval().requires_grad_(False)
+    return copy.deepcopy(lm).eval().requires_grad_(False)
 
 
 def build_models(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int,
                  device: torch.device) -> tuple[PolicyWithValueHead, PreTrainedModel]:
     """The trainable policy (LM + value head) and the frozen reference, both on ``device``."""
     lm = load_lm(cfg, tokenizer, seed)
-    ref = reference_model(lm)
+    ref = reference_model(lm)  # copied before checkpointing: the reference never runs backward
+    if cfg.gradient_checkpointing:
+        lm.gradient_checkpointing_enable()
     return PolicyWithValueHead(lm).to(device), ref.to(device)

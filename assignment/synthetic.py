@@ -47,7 +47,7 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def make_problems(n: int, max_operand: int, operators: str, seed: int) -> list[dict[str, str]]:
+def make_problems(n: int, max_operand: int, operators: str, seed: int | str) -> list[dict[str, str]]:
     """``n`` GSM8K-format records ``{"question", "answer"}`` with operands in [0, max_operand].
 
     Deterministic in ``seed``. Differences may be negative, as some GSM8K answers are.

@@ -30,7 +30,7 @@ from transformers import get_scheduler
 
 from assignment import checkpoint
 from assignment.config import Config, to_yaml
-from assignment.data import Problem, load_problems
+from assignment.data import Curriculum, load_problems, training_batch
 from assignment.evaluate import EvalResult, evaluate
 from assignment.loading import build_models, load_tokenizer
 from assignment.ppo import KLController, kl_penalties, ppo_update, sequence_kl
@@ -98,15 +98,6 @@ def disable_dropout(model: torch.nn.Module) -> None:
             setattr(config, name, 0.0)
 
 
-def batch_problems(problems: list[Problem], batch_size: int, seed: int, step: int) -> list[Problem]:
-    """The prompts of PPO step ``step``: a function of (seed, step) only, so a resumed run
-    draws the same ones."""
-    rng = random.Random(f"{seed}-{step}")
-    if batch_size <= len(problems):
-        return rng.sample(problems, batch_size)
-    return rng.choices(problems, k=batch_size)
-
-
 def optimizer_steps(cfg: Config) -> int:
     """Optimizer steps in the whole run: the scheduler's horizon."""
     per_epoch = cfg.rollout.batch_size // (cfg.ppo.minibatch_size * cfg.ppo.grad_accum_steps)
@@ -162,6 +153,7 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
     scheduler = get_scheduler(cfg.ppo.lr_scheduler, optimizer, num_warmup_steps=cfg.ppo.warmup_steps,
                               num_training_steps=optimizer_steps(cfg))
     kl_ctl = KLController(cfg.kl)
+    curriculum = Curriculum(cfg.data)
     start = 0
     if resume:
         state = checkpoint.load(out, device)
@@ -169,6 +161,7 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         kl_ctl.load_state_dict(state["kl"])
+        curriculum.load_state_dict(state["curriculum"])
         checkpoint.set_rng_state(state["rng"])
         start = state["step"]
         tqdm.write(f"resuming {out} from step {start}")
@@ -180,6 +173,10 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
         with tqdm(total=len(eval_problems), desc=f"eval (step {step})", leave=False, disable=not show) as bar:
             _log_eval(logger, step, evaluate(policy, tokenizer, eval_problems, cfg, bar))
 
+    def save(step: int) -> None:
+        extra = {"kl": kl_ctl.state_dict(), "curriculum": curriculum.state_dict()}
+        checkpoint.save(out, step, policy, optimizer, scheduler, extra)
+
     if start == 0:
         run_eval(0)
     minibatches_per_step = cfg.ppo.epochs * (cfg.rollout.batch_size // cfg.ppo.minibatch_size)
@@ -187,7 +184,8 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
                      total=cfg.train.steps, disable=not show)
     for step in steps_bar:
         t0 = time.time()
-        batch = batch_problems(problems["train"], cfg.rollout.batch_size, cfg.train.seed, step)
+        batch = training_batch(cfg.data, problems["train"], cfg.rollout.batch_size, cfg.train.seed, step,
+                               curriculum.level)
         prompts = render_prompts(tokenizer, [p.question for p in batch], cfg.data)
         rollout = collect(policy, ref, tokenizer, prompts, cfg.rollout)
         s = rollout.sample
@@ -226,6 +224,9 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
             "time/update": time.time() - t1,
         }
         kl_ctl.update(seq_kl, cfg.rollout.batch_size)
+        if cfg.data.task == "synthetic":
+            metrics["rollout/max_operand"] = curriculum.level
+            curriculum.update(metrics["rollout/correct_rate"])
         logger.log(step, metrics)
         steps_bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
                               correct=f"{metrics['rollout/correct_rate']:.2f}",
@@ -240,14 +241,14 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
         if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.train.steps:
             run_eval(step)
         if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-            checkpoint.save(out, step, policy, optimizer, scheduler, kl_ctl.state_dict())
+            save(step)
         if on_step is not None:
             on_step(step, metrics)
     steps_bar.close()
 
     if start < cfg.train.steps:
         run_eval(cfg.train.steps)
-        checkpoint.save(out, cfg.train.steps, policy, optimizer, scheduler, kl_ctl.state_dict())
+        save(cfg.train.steps)
     logger.close()
     plot_run(out)
     return RunResult(out, read_jsonl(out / METRICS), read_jsonl(out / EVALS), time.time() - started,

@@ -1,0 +1,84 @@
+"""Config loading: defaults, YAML, dotlist overrides, validation, clear errors."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from assignment.config import Config, ConfigError, load_config, to_yaml
+
+CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
+
+
+def test_defaults_are_the_synthetic_task():
+    cfg = load_config()
+    assert cfg == Config() and cfg.model.name == "synthetic" and cfg.data.task == "synthetic"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.rollout.batch_size % cfg.ppo.minibatch_size == 0
+
+
+def test_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("ppo:\n  lr: 0.5\n  epochs: 3\n")
+    cfg = load_config(path, ["ppo.lr=0.25", "train.steps=7"])
+    assert (cfg.ppo.lr, cfg.ppo.epochs, cfg.train.steps) == (0.25, 3, 7)
+
+
+def test_env_var_interpolation(monkeypatch):
+    monkeypatch.setenv("SMOLLM2_DIR", "/somewhere/model")
+    monkeypatch.setenv("GSM8K_DIR", "/somewhere/data")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "gsm8k_smollm2.yaml")
+    assert cfg.model.name == "/somewhere/model" and cfg.data.local_dir == "/somewhere/data"
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        load_config().ppo.lr = 1.0
+
+
+def test_effective_config_round_trips(tmp_path):
+    cfg = load_config(None, ["ppo.lr=0.01", "data.curriculum_start=2"])
+    (tmp_path / "config.yaml").write_text(to_yaml(cfg))
+    assert load_config(tmp_path / "config.yaml") == cfg
+
+
+@pytest.mark.parametrize("override, suggestion", [
+    ("ppo.lrr=1", "ppo.lr"), ("ppo.minibatch=8", "ppo.minibatch_size"), ("trian.steps=3", "train"),
+])
+def test_unknown_key_names_the_closest(override, suggestion):
+    with pytest.raises(ConfigError, match=f"unknown config key .*did you mean '{suggestion}'"):
+        load_config(None, [override])
+
+
+def test_unknown_key_in_yaml_names_the_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("rollout:\n  temprature: 0.5\n")
+    with pytest.raises(ConfigError, match=r"rollout\.temprature.*bad\.yaml.*rollout\.temperature"):
+        load_config(path)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("ppo.lr=-1", "ppo.lr must be > 0"),
+    ("ppo.minibatch_size=7", "must divide rollout.batch_size"),
+    ("ppo.grad_accum_steps=3", "grad_accum_steps"),
+    ("rollout.temperature=0", "temperature must be > 0"),
+    ("rollout.top_p=1.5", "top_p"),
+    ("model.dtype=float64", "model.dtype"),
+    ("reward.format_bonus_when=sometimes", "format_bonus_when"),
+    ("data.curriculum_start=9", "curriculum_start"),
+    ("ppo.lr=fast", "could not be converted"),
+])
+def test_bad_values_are_refused_by_name(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_missing_file_and_malformed_override():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("configs/nope.yaml")
+    with pytest.raises(ConfigError, match="key=value"):
+        load_config(None, ["ppo.lr"])
