@@ -60,15 +60,20 @@ def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
 def clear_quantization_flags(model: PreTrainedModel) -> PreTrainedModel:
     """Unmark a dequantized (GGUF-loaded) model as quantized; return it.
 
-    Only call this on a model whose weights are plain float tensors, as GGUF loading leaves them.
+    Undoes what transformers' quantizer sets: ``hf_quantizer``, ``is_quantized``,
+    ``quantization_method``, ``config.quantization_config`` and the submodules'
+    ``config._is_quantized`` (as ``HfQuantizer.remove_quantization_config`` does, which not every
+    transformers version has). Only for a model whose weights are plain float tensors, as GGUF
+    loading leaves them.
     """
-    model.hf_quantizer = None
-    # transformers 5.x derives is_quantized from hf_quantizer; older versions stored a flag.
-    if not isinstance(getattr(type(model), "is_quantized", None), property):
-        model.is_quantized = False
-    for owner, name in ((model, "quantization_method"), (model.config, "quantization_config")):
+    for owner, name in ((model, "hf_quantizer"), (model, "quantization_method"), (model.config, "quantization_config")):
         if name in vars(owner):
             delattr(owner, name)
+    if not isinstance(getattr(type(model), "is_quantized", None), property):
+        model.is_quantized = False
+    for module in model.modules():
+        if getattr(getattr(module, "config", None), "_is_quantized", False):
+            module.config._is_quantized = False
     return model
 
 

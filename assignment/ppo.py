@@ -85,8 +85,8 @@ def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
     prompt_mask = batch["attention_mask"][:, :P]
     first = int((prompt_mask.sum(dim=0) > 0).nonzero().min()) if P > 0 else 0
     T = max(int(batch["response_mask"].sum(dim=-1).max()), 1)
-    out = {k: (v[:, :T] if torch.is_tensor(v) and k not in ("input_ids", "attention_mask") else v)
-           for k, v in batch.items()}
+    # Every other (b, T) tensor is a response tensor; per-row (b,) tensors pass unchanged.
+    out = {k: (v[:, :T] if torch.is_tensor(v) and v.dim() == 2 else v) for k, v in batch.items()}
     for k in ("input_ids", "attention_mask"):
         out[k] = batch[k][:, first:P + T]
     out["prompt_length"] = P - first

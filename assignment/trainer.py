@@ -39,8 +39,15 @@ from assignment.rollout import collect, render_prompts
 from assignment.runlog import EVALS, METRICS, RunLogger, plot_run, read_jsonl
 
 
-def record_run(out: Path, command: str | None, resume: bool) -> None:
-    """Append this invocation (command, host, device, library versions) to ``run.json``."""
+def record_run(out: Path, command: str | None, resume: bool, seconds: float | None = None) -> None:
+    """Append this invocation (command, host, device, library versions) to ``run.json``; with
+    ``seconds``, record instead the wall time of the invocation appended last."""
+    path = out / "run.json"
+    runs = json.loads(path.read_text()) if path.is_file() else []
+    if seconds is not None:
+        runs[-1]["seconds"] = seconds
+        path.write_text(json.dumps(runs, indent=1))
+        return
     import platform
 
     import transformers
@@ -48,8 +55,6 @@ def record_run(out: Path, command: str | None, resume: bool) -> None:
     info = {"command": command, "resume": resume, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
             "host": platform.node(), "torch": torch.__version__, "transformers": transformers.__version__,
             "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"}
-    path = out / "run.json"
-    runs = json.loads(path.read_text()) if path.is_file() else []
     path.write_text(json.dumps(runs + [info], indent=1))
 
 
@@ -251,5 +256,6 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
         save(cfg.train.steps)
     logger.close()
     plot_run(out)
+    record_run(out, command, resume, seconds=time.time() - started)
     return RunResult(out, read_jsonl(out / METRICS), read_jsonl(out / EVALS), time.time() - started,
                      read_jsonl(out / "samples.jsonl"))

@@ -74,7 +74,7 @@ def test_curriculum_widens_after_a_good_window_and_saves_state():
     restored = Curriculum(DataConfig(max_operand=3, curriculum_start=1))
     restored.load_state_dict(c.state_dict())
     assert restored.level == 2 and restored.recent == c.recent
-    assert Curriculum(DataConfig(max_operand=3)).level == 3  # no curriculum: the full task
+    assert Curriculum(DataConfig(max_operand=3, curriculum_start=None)).level == 3  # no curriculum: the full task
 
 
 def test_synthetic_tokenizer_round_trips_and_has_a_chat_template():

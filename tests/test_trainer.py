@@ -1,0 +1,250 @@
+"""The trainer around the exercises: rollout masks, slice alignment, the update loop, runs,
+resume, the CLI's clear errors, and GGUF quantization flags."""
+
+import json
+
+import pytest
+import torch
+
+from assignment import cli
+from assignment.config import load_config
+from assignment.impl import ImplError, load_impl
+from assignment.loading import build_models, clear_quantization_flags, load_tokenizer
+from assignment.model import tiny_llama
+from assignment.ppo import KLController, UpdateConfig, minibatches, ppo_update, trim_padding
+from assignment.rollout import collect, render_prompts, response_mask_from_ids
+from assignment.trainer import RunDirError, train
+
+SOLUTION = load_impl("solutions")
+TINY = ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", "ppo.epochs=2",
+        "rollout.max_new_tokens=4", "eval.size=8", "train.steps=3", "train.progress=false",
+        "train.sample_every=2", "train.tensorboard=false"]
+
+
+def tiny_cfg(tmp_path, *extra):
+    return load_config(None, [*TINY, f"train.output_dir={tmp_path / 'run'}", *extra])
+
+
+# --- response mask ----------------------------------------------------------------------
+
+def test_mask_covers_up_to_and_including_the_first_eos_when_pad_is_eos():
+    eos = 2  # pad == eos: generate pads finished rows with EOS too
+    ids = torch.tensor([[5, 6, 2, 2, 2], [2, 2, 2, 2, 2], [5, 6, 7, 8, 9], [5, 2, 6, 2, 2]])
+    mask = response_mask_from_ids(ids, [eos])
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
+
+
+def test_mask_with_several_eos_ids():
+    ids = torch.tensor([[5, 9, 0, 0], [5, 6, 7, 8]])  # 9 is a second end-of-turn id, 0 the pad
+    assert response_mask_from_ids(ids, [7, 9]).tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
+
+
+# --- rollout and update -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def rollout_setup():
+    cfg = load_config(None, TINY + ["rollout.temperature=0.7", "rollout.max_new_tokens=6"])
+    tok = load_tokenizer(cfg.model)
+    policy, ref = build_models(cfg.model, tok, seed=0, device=torch.device("cpu"))
+    torch.manual_seed(0)
+    questions = [f"What is {a} + {b}?" for a, b in [(1, 2), (3, 4), (0, 0), (4, 4), (2, 1), (1, 1), (3, 0), (4, 2)]]
+    rollout = collect(policy, ref, tok, render_prompts(tok, questions, cfg.data), cfg.rollout)
+    return cfg, tok, policy, rollout
+
+
+def minibatch_of(rollout, rows):
+    s = rollout.sample
+    zeros = torch.zeros_like(rollout.logprobs)
+    full = {"input_ids": rollout.input_ids, "attention_mask": rollout.attention_mask,
+            "response_ids": s.response_ids, "response_mask": s.response_mask, "logprobs_old": rollout.logprobs,
+            "values_old": rollout.values, "advantages": zeros + 1.0, "returns": zeros,
+            "prompt_length": rollout.prompt_length}
+    return {k: (v[rows] if torch.is_tensor(v) else v) for k, v in full.items()}
+
+
+def test_rollout_shapes_and_left_padding(rollout_setup):
+    cfg, tok, policy, rollout = rollout_setup
+    B, T = rollout.sample.response_ids.shape
+    P = rollout.prompt_length
+    assert rollout.input_ids.shape == (B, P + T) and rollout.logprobs.shape == rollout.values.shape == (B, T)
+    assert bool(rollout.sample.prompt_mask[:, -1].all())  # left padding: every prompt ends at column P-1
+    assert bool((rollout.sample.response_ids[~rollout.sample.response_mask] == tok.pad_token_id).all())
+    assert rollout.ref_logprobs.shape == (B, T) and torch.allclose(rollout.ref_logprobs, rollout.logprobs)
+
+
+def test_slice_alignment_ratio_is_one_at_the_first_minibatch(rollout_setup):
+    """The update's [P-1 : P+T-1] slice of a fresh forward reproduces the rollout's log-probs,
+    so the first PPO ratio is exactly 1 and nothing is clipped."""
+    cfg, tok, policy, rollout = rollout_setup
+    mb = trim_padding(minibatch_of(rollout, torch.arange(4)))
+    opt = torch.optim.SGD(policy.parameters(), lr=0.0)
+    metrics = SOLUTION.ppo_minibatch_update(policy, opt, mb, UpdateConfig.from_config(cfg), step_optimizer=False)
+    opt.zero_grad()
+    assert abs(metrics["stats/approx_kl"]) < 1e-6 and metrics["stats/policy_clipfrac"] == 0.0
+    # The check can fail: slicing one position late does not reproduce the log-probs.
+    P, T = mb["prompt_length"], mb["response_ids"].shape[1]
+    with torch.no_grad():
+        logits, _ = policy(mb["input_ids"], mb["attention_mask"])
+    late = torch.log_softmax(logits[:, P:P + T].float() / cfg.rollout.temperature, -1)
+    late = late.gather(-1, mb["response_ids"].unsqueeze(-1)).squeeze(-1)
+    assert (late - mb["logprobs_old"])[mb["response_mask"]].abs().max() > 1e-3
+
+
+def test_trim_padding_keeps_the_log_probs(rollout_setup):
+    cfg, tok, policy, rollout = rollout_setup
+    full = minibatch_of(rollout, torch.arange(8))
+    trimmed = trim_padding(full)
+    assert trimmed["input_ids"].shape[1] <= full["input_ids"].shape[1]
+    P, T = trimmed["prompt_length"], trimmed["response_ids"].shape[1]
+    with torch.no_grad():
+        logits, _ = policy(trimmed["input_ids"], trimmed["attention_mask"])
+    lp = torch.log_softmax(logits[:, P - 1:P + T - 1] / cfg.rollout.temperature, -1)
+    lp = lp.gather(-1, trimmed["response_ids"].unsqueeze(-1)).squeeze(-1)
+    m = trimmed["response_mask"]
+    assert torch.allclose(lp[m], trimmed["logprobs_old"][m], atol=1e-5)
+
+
+def test_minibatches_cover_every_row_once_per_epoch(rollout_setup):
+    cfg, tok, policy, rollout = rollout_setup
+    batch = minibatch_of(rollout, torch.arange(8))
+    batch["row"] = torch.arange(8)
+    seen = [mb["row"] for mb in minibatches(batch, 4, torch.Generator().manual_seed(0))]
+    assert [len(r) for r in seen] == [4, 4] and sorted(torch.cat(seen).tolist()) == list(range(8))
+
+
+def test_ppo_update_steps_the_optimizer_once_per_accumulation_cycle(rollout_setup, monkeypatch):
+    cfg, tok, policy, rollout = rollout_setup
+    cfg = load_config(None, TINY + ["ppo.minibatch_size=2", "ppo.grad_accum_steps=2", "ppo.epochs=3"])
+    flags = []
+
+    class Spy:
+        compute_gae_advantages = SOLUTION.compute_gae_advantages
+
+        @staticmethod
+        def ppo_minibatch_update(model, optimizer, minibatch, update_cfg, step_optimizer):
+            flags.append(step_optimizer)
+            assert update_cfg.grad_accum_steps == 2 and update_cfg.temperature == cfg.rollout.temperature
+            return {"loss/total": 0.0}
+
+    opt = torch.optim.SGD(policy.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    metrics = ppo_update(Spy, policy, opt, sched, minibatch_of(rollout, torch.arange(8)), cfg,
+                         torch.Generator().manual_seed(0))
+    assert flags == [False, True] * 6  # 3 epochs x 4 minibatches, a step every second one
+    assert sched.last_epoch == 6 and metrics["loss/total"] == 0.0
+
+
+def test_kl_controller_fixed_and_adaptive():
+    fixed = KLController(load_config(None, ["kl.coeff=0.1"]).kl)
+    fixed.update(100.0, 64)
+    assert fixed.value == 0.1
+    ctl = KLController(load_config(None, ["kl.coeff=0.1", "kl.adaptive=true", "kl.target=1", "kl.horizon=100"]).kl)
+    ctl.update(100.0, 50)  # far above target: the error is clipped to +0.2
+    assert ctl.value == pytest.approx(0.1 * (1 + 0.2 * 50 / 100))
+    ctl.update(0.5, 50)  # below target: the coefficient shrinks
+    assert ctl.value < 0.1 * 1.1
+
+
+# --- whole runs ---------------------------------------------------------------------------
+
+def test_a_short_run_writes_everything(tmp_path):
+    result = train(tiny_cfg(tmp_path, "train.tensorboard=true"), SOLUTION)
+    out = result.output_dir
+    for name in ("config.yaml", "run.json", "metrics.jsonl", "eval.jsonl", "samples.jsonl", "checkpoint.pt",
+                 "reward_curve.png", "eval_samples/step_0.jsonl", "eval_samples/step_3.jsonl"):
+        assert (out / name).is_file(), name
+    assert any((out / "tb").iterdir())
+    assert [m["step"] for m in result.metrics] == [1, 2, 3] and [e["step"] for e in result.evals] == [0, 3]
+    keys = set(result.metrics[0])
+    assert {"rollout/reward_mean", "loss/policy", "loss/value", "stats/approx_kl", "stats/grad_norm",
+            "rollout/kl", "time/rollout"} <= keys
+    assert all(k == "step" or "/" in k for k in keys)
+    with pytest.raises(RunDirError, match="--resume"):
+        train(tiny_cfg(tmp_path), SOLUTION)
+
+
+def test_resume_continues_a_killed_run_exactly(tmp_path):
+    straight = train(tiny_cfg(tmp_path / "a", "train.steps=4"), SOLUTION)
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_3(step, metrics):
+        if step == 3:  # dies after logging step 3, whose checkpoint was never written
+            raise Killed
+
+    cfg = tiny_cfg(tmp_path / "b", "train.steps=4", "train.checkpoint_every=2")
+    with pytest.raises(Killed):
+        train(cfg, SOLUTION, on_step=kill_at_3)
+    resumed = train(cfg, SOLUTION, resume=True)
+    assert [m["step"] for m in resumed.metrics] == [1, 2, 3, 4]
+    for a, b in zip(straight.metrics, resumed.metrics):
+        assert a["rollout/reward_mean"] == b["rollout/reward_mean"]
+        assert a["loss/total"] == pytest.approx(b["loss/total"], abs=1e-6)
+    assert [e["eval/accuracy"] for e in straight.evals] == [e["eval/accuracy"] for e in resumed.evals]
+
+
+# --- CLI errors -----------------------------------------------------------------------------
+
+def run_cli(capsys, *argv):
+    code = cli.main(list(argv))
+    return code, capsys.readouterr().err
+
+
+def test_cli_bad_key_is_one_line_with_a_suggestion(capsys):
+    code, err = run_cli(capsys, "ppo.lrr=1")
+    assert code == 2 and "did you mean 'ppo.lr'" in err and "Traceback" not in err
+
+
+def test_cli_missing_model_file(capsys, tmp_path):
+    code, err = run_cli(capsys, "--impl", "solutions", f"model.name={tmp_path}", "model.gguf_file=m.gguf",
+                        f"train.output_dir={tmp_path / 'run'}")
+    assert code == 2 and "GGUF model file not found" in err
+
+
+def test_cli_malformed_data(capsys, tmp_path):
+    (tmp_path / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n{oops\n')
+    (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    code, err = run_cli(capsys, "--impl", "solutions", "data.task=gsm8k", f"data.local_dir={tmp_path}",
+                        f"train.output_dir={tmp_path / 'run'}")
+    assert code == 2 and "train.jsonl:2: not valid JSON" in err
+
+
+def test_cli_submission_that_fails_to_import(capsys, tmp_path):
+    bad = tmp_path / "sub.py"
+    bad.write_text("import torch\nraise RuntimeError('boom')\n")
+    code, err = run_cli(capsys, "--impl", str(bad))
+    assert code == 2 and "failed to import: RuntimeError: boom" in err
+    with pytest.raises(ImplError, match="no such file"):
+        load_impl(str(tmp_path / "missing.py"))
+
+
+def test_cli_unimplemented_exercise(capsys, tmp_path):
+    code, err = run_cli(capsys, *TINY, f"train.output_dir={tmp_path / 'run'}")  # the blank assignment
+    assert code == 2 and "Exercise 4 (compute_gae_advantages) is not implemented yet" in err
+
+
+def test_impl_loaded_by_path_is_a_fresh_module(tmp_path):
+    path = tmp_path / "copy.py"
+    path.write_text(open(SOLUTION.__file__).read())
+    module = load_impl(str(path))
+    assert module is not SOLUTION and module.ppo_minibatch_update is not SOLUTION.ppo_minibatch_update
+
+
+# --- GGUF quantization flags ----------------------------------------------------------------
+
+def test_clear_quantization_flags_on_a_flagged_model():
+    """The flags as transformers' quantizer sets them on load (HfQuantizer.preprocess_model),
+    set here by hand on a tiny model."""
+    from transformers import GgufConfig
+    from transformers.quantizers.quantizer_gguf import GgufHfQuantizer
+
+    lm = tiny_llama()
+    lm.config.quantization_config = GgufConfig()
+    lm.hf_quantizer = GgufHfQuantizer(lm.config.quantization_config)
+    lm.is_quantized, lm.quantization_method = True, "gguf"
+    lm.model.config._is_quantized = True
+    clear_quantization_flags(lm)
+    assert getattr(lm, "hf_quantizer", None) is None and not lm.is_quantized
+    assert not hasattr(lm, "quantization_method") and not lm.model.config._is_quantized
+    assert not hasattr(lm.config, "quantization_config") and "quantization_config" not in lm.config.to_dict()
