@@ -106,5 +106,7 @@ def build_models(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int
     lm = load_lm(cfg, tokenizer, seed)
     ref = reference_model(lm)  # copied before checkpointing: the reference never runs backward
     if cfg.gradient_checkpointing:
-        lm.gradient_checkpointing_enable()
+        # transformers 5.24 renamed it (the old name warns); 5.17 has only the old one.
+        enable = getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable
+        enable()
     return PolicyWithValueHead(lm).to(device), ref.to(device)
