@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("submission", type=Path, help="the student's exercises.py")
     p.add_argument("--results", type=Path, default=Path("results.json"), help="where to write Gradescope's results.json")
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="grading.yaml (default: the packaged one)")
+    p.add_argument("--exercise", type=int, action="append", choices=range(1, 6), metavar="N",
+                   help="grade only exercise N (repeatable; default: all five)")
     p.add_argument("--with-training", action="store_true", help="add the CPU learning check (exercise 0)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.add_argument("--version", action="version", version=f"ppo-grade {__version__}")
@@ -58,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         result = grade.nothing_to_grade(cfg, problem)
     else:
         try:
-            result = grade.grade(args.submission.resolve(), cfg, args.config, with_training=args.with_training)
+            result = grade.grade(args.submission.resolve(), cfg, args.config, with_training=args.with_training,
+                                 exercises=set(args.exercise) if args.exercise else None)
         except Exception as err:  # the grader's own failure: say so, give 0, exit non-zero
             traceback.print_exc(file=sys.stderr)
             report.write_json_atomic(report.failure_results(f"{type(err).__name__}: {err}", extra), args.results)

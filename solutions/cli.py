@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from solutions import stubs
+from pathlib import Path
+
+from solutions import release, stubs
 
 
 def _stubs(args: argparse.Namespace) -> int:
@@ -26,12 +28,48 @@ def _stubs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    """Grade the reference solution and the blank assignment; show both reports."""
+    from autograder import checks, config, report
+    from autograder.grade import grade
+
+    cfg = config.load(args.config, checks.CHECK_IDS)
+    for title, path in (("the reference solution", stubs.SOLUTION_PATH), ("the blank assignment", stubs.STUDENT_PATH)):
+        print(f"=== Grading {title}: {path.relative_to(stubs.ROOT)}\n")
+        print(report.terminal(grade(path, cfg, args.config)) + "\n")
+    return 0
+
+
+def _release(args: argparse.Namespace) -> int:
+    try:
+        out = release.build_student_release(args.out)
+    except (stubs.StubError, release.LeakError) as err:
+        print(f"ppo-course release: {err}", file=sys.stderr)
+        return 1
+    print(f"wrote the student release to {out} (checked: no solution line in it)")
+    return 0
+
+
+def _gradescope(args: argparse.Namespace) -> int:
+    print(f"wrote {release.build_gradescope_zip(args.out)}: upload it as the Gradescope autograder")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ppo-course", description="Course staff tooling for the PPO assignment.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("stubs", help="generate assignment/exercises.py from the solution's markers")
     p.add_argument("--check", action="store_true", help="only check that the committed copy is fresh")
     p.set_defaults(func=_stubs)
+    p = sub.add_parser("demo", help="grade the solution and the blank assignment, show both reports")
+    p.add_argument("--config", type=Path, default=stubs.ROOT / "grading.yaml")
+    p.set_defaults(func=_demo)
+    p = sub.add_parser("release", help="build the student release folder (checked for solution leaks)")
+    p.add_argument("out", type=Path, help="folder to create (replaced if it exists)")
+    p.set_defaults(func=_release)
+    p = sub.add_parser("gradescope", help="build the Gradescope autograder zip")
+    p.add_argument("out", type=Path, help="the .zip to write")
+    p.set_defaults(func=_gradescope)
     return parser
 
 

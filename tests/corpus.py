@@ -20,7 +20,8 @@ solution on its own exercise (and only there) and that each alternative really a
 
 Inputs a grader needs to catch some mutants (found while building the corpus):
 
-* non-finite junk (inf/NaN) in padded positions: ``policy_mask_multiply`` is right otherwise;
+* (dropped: masking by ``(x * mask).sum() / mask.sum()`` is only wrong when padding holds
+  inf/NaN; the grader's junk is finite, as a trainer's is, so it counts as correct);
 * logits of magnitude ~1e3: ``entropy_naive_log_softmax`` is finite and right for moderate ones;
 * bfloat16 logits: ``entropy_no_upcast``;
 * exercise 5: a max_grad_norm large enough that clipping is inactive (else clipping hides
@@ -223,13 +224,6 @@ _POLICY_MUTANTS = [
                        "    _per_tok = torch.where(_m, torch.maximum(unclipped, clipped), 0.0)\n"
                        "    loss = (_per_tok.sum(dim=-1) / _m.sum(dim=-1).clamp(min=1)).mean()\n"),),
         hint="token-mean",
-    ),
-    Variant(
-        "policy_mask_multiply", 1,
-        "Masks by multiplying with the mask, (x * mask).sum() / mask.sum(): right for finite padding, but inf/NaN junk in padded positions turns the loss into NaN (inf * 0).",
-        (_sub(E1_LOSS, "\n    _m = response_mask.to(ratio.dtype)\n"
-                       "    loss = (torch.maximum(unclipped, clipped) * _m).sum() / _m.sum()\n"),),
-        hint="padding",
     ),
     Variant(
         "policy_clipfrac_cleanrl", 1,

@@ -1,0 +1,104 @@
+"""Build what leaves the staff repo: the student release and the Gradescope autograder zip.
+
+The student release holds the student-facing package (with the generated blanks), the
+configs, the public property tests, the handout and a student README; nothing of solutions/,
+autograder/ or grading.yaml. ``check_no_leak`` proves it: no line of any solution region
+appears anywhere in the release.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import zipfile
+from pathlib import Path
+
+from solutions import stubs
+
+ROOT = stubs.ROOT
+STUDENT_FILES = ("assignment", "configs", "tests/public", "tests/conftest.py", "handout.md")
+AUTOGRADER_FILES = ("assignment", "solutions", "autograder", "configs", "grading.yaml", "pyproject.toml", "README.md")
+IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
+
+STUDENT_README = """# PPO for language models: your assignment
+
+Read `handout.md`, then fill in the five blanks of `assignment/exercises.py`.
+
+```bash
+python3 -m venv .venv && .venv/bin/pip install -e .          # add a CUDA torch first if you have a GPU
+.venv/bin/python -m pytest tests/public --impl assignment     # the property checks
+.venv/bin/ppo-train --config configs/cpu_synthetic.yaml       # watch your trainer learn, on CPU
+```
+
+Submit `assignment/exercises.py` on Gradescope.
+"""
+
+
+class LeakError(RuntimeError):
+    """A solution line was found in what is about to be released."""
+
+
+def solution_lines() -> list[str]:
+    """The distinctive (> 25 characters) code lines of the solution regions that the blanks do not show
+    (a docstring may state the contract's formula, e.g. the loss sum)."""
+    text = stubs.SOLUTION_PATH.read_text()
+    public = stubs.generate(text)
+    lines = []
+    for region in re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", text, flags=re.S):
+        lines += [ln.strip() for ln in region.splitlines() if len(ln.strip()) > 25 and ln.strip() not in public]
+    return lines
+
+
+def check_no_leak(folder: Path) -> None:
+    needles = solution_lines()
+    for path in folder.rglob("*"):
+        if path.is_file():
+            text = path.read_text(errors="ignore")
+            for needle in needles:
+                if needle in text:
+                    raise LeakError(f"{path.relative_to(folder)} contains a solution line: {needle!r}")
+            if "BEGIN SOLUTION" in text:
+                raise LeakError(f"{path.relative_to(folder)} contains a solution marker")
+
+
+def _student_pyproject() -> str:
+    """The project's pyproject.toml, reduced to the student package and its trainer command."""
+    text = (ROOT / "pyproject.toml").read_text()
+    text = re.sub(r'include = \[.*?\]', 'include = ["assignment*"]', text)
+    text = re.sub(r'^ppo-(course|grade) = .*\n', "", text, flags=re.M)
+    return text.replace('"nbgrader>=0.9",\n', "")
+
+
+def build_student_release(out: Path) -> Path:
+    if not stubs.is_fresh():
+        raise stubs.StubError("assignment/exercises.py is stale: run `ppo-course stubs` first")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for rel in STUDENT_FILES:
+        src = ROOT / rel
+        if src.is_dir():
+            shutil.copytree(src, out / rel, ignore=IGNORE)
+        else:
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, out / rel)
+    (out / "pyproject.toml").write_text(_student_pyproject())
+    (out / "README.md").write_text(STUDENT_README)
+    check_no_leak(out)
+    return out
+
+
+def build_gradescope_zip(out: Path) -> Path:
+    """The zip to upload as Gradescope's autograder: setup.sh and run_autograder at its root."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name in ("setup.sh", "run_autograder"):
+            info = zipfile.ZipInfo(name)
+            info.external_attr = 0o755 << 16
+            zf.writestr(info, (ROOT / "autograder" / "gradescope" / name).read_text())
+        for rel in AUTOGRADER_FILES:
+            src = ROOT / rel
+            paths = [src] if src.is_file() else [p for p in src.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+            for p in paths:
+                zf.write(p, str(p.relative_to(ROOT)))
+    return out
