@@ -40,10 +40,11 @@ class CheckResult:
     max_score: float
     visibility: str
     feedback: str = ""
+    passed: bool | None = None  # None: passed means full marks (a 0-point check must say it)
 
-    @property
-    def passed(self) -> bool:
-        return self.score == self.max_score
+    def __post_init__(self):
+        if self.passed is None:
+            self.passed = self.score == self.max_score
 
 
 @dataclass
@@ -65,9 +66,9 @@ class GradingResult:
 class _Failed(Exception):
     """Raised inside a Hypothesis example: this case fails the check."""
 
-    def __init__(self, case, problems, submitted):
+    def __init__(self, case, problems, submitted, reference=None):
         super().__init__("; ".join(problems))
-        self.case, self.problems, self.submitted = case, problems, submitted
+        self.case, self.problems, self.submitted, self.reference = case, problems, submitted, reference
 
 
 class _Abort(BaseException):
@@ -89,13 +90,16 @@ class _Workers:
     def start(self, role: str) -> None:
         if role not in self._workers:
             self._workers[role] = Worker(self.submission, self.limits, self.strategy, self.hide,
-                                         self.cfg.worker.sandbox_user, preload=role == "update")
+                                         self.cfg.worker.sandbox_user, preload=role != "call")
 
     def get(self, role: str) -> Worker:
         self.start(role)
         worker = self._workers[role]
         if worker.import_error is None and not worker.ready:
-            worker.wait_ready()
+            try:
+                worker.wait_ready()
+            except (WorkerDied, WorkerTimeout) as err:  # e.g. the module kills its own process on import
+                worker.import_error = {"type": type(err).__name__, "message": str(err), "where": []}
         return worker
 
     def drop(self, role: str) -> None:
@@ -144,6 +148,8 @@ def grade(submission: Path, cfg: GradingConfig, config_path: Path, with_training
         else:
             for number, exercise_checks in selected.items():
                 results += _grade_exercise(number, exercise_checks, cfg, workers, context, secret, ready.callable)
+        if with_training or cfg.training.enabled:
+            results.append(_training_check(cfg, workers))
     finally:
         workers.close()
     extra = {
@@ -152,6 +158,42 @@ def grade(submission: Path, cfg: GradingConfig, config_path: Path, with_training
         "public_seed": cfg.seeds.public, "hidden_seed_source": secret_source, "sandbox": strategy,
     }
     return GradingResult(results, extra, round(time.monotonic() - started, 3), notes)
+
+
+TRAINING_DESCRIPTION = ("the assembled submission trains a tiny model on synthetic arithmetic on CPU: the mean "
+                        "reward of the last 10 PPO steps exceeds that of the first 10 by the threshold")
+
+
+def _training_check(cfg: GradingConfig, workers: _Workers) -> CheckResult:
+    """Exercise 0: run the whole trainer with the submission's five exercises in a worker.
+
+    The rewards come from student code running end to end, so this is a learning sanity check
+    rather than a tamper-proof measurement; grading.yaml gives it 0 points by default.
+    """
+    t = cfg.training
+    header = {"op": "train", "seed": t.seed, "threshold": t.threshold, "threads": max(cfg.worker.threads, 2)}
+    try:
+        reply, _ = workers.get("train").request(header, {}, t.timeout_s)
+    except (WorkerDied, WorkerTimeout) as err:
+        workers.drop("train")
+        return CheckResult(0, "learning", TRAINING_DESCRIPTION, 0.0, t.points, "visible", str(err), passed=False)
+    if reply.get("op") == "error":
+        return CheckResult(0, "learning", TRAINING_DESCRIPTION, 0.0, t.points, "visible",
+                           "training failed: " + _describe_error(reply), passed=False)
+    rewards = reply.get("rewards")
+    if not isinstance(rewards, list) or len(rewards) < 20 or not all(isinstance(r, float) for r in rewards):
+        return CheckResult(0, "learning", TRAINING_DESCRIPTION, 0.0, t.points, "visible",
+                           "the training run reported no usable rewards", passed=False)
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    passed = last - first >= t.threshold
+    feedback = (f"mean reward of the first 10 steps {first:.3f}, of the last 10 {last:.3f} "
+                f"(improvement {last - first:+.3f}, needed {t.threshold:+.3f}); greedy accuracy "
+                f"{reply.get('accuracy_before', float('nan')):.3f} -> {reply.get('accuracy_after', float('nan')):.3f}; "
+                f"{len(rewards)} steps in {reply.get('seconds', float('nan')):.0f} s")
+    if not passed:
+        feedback += ". Run `ppo-train --config configs/cpu_synthetic.yaml --impl YOUR_FILE.py` and watch rollout/reward_mean"
+    return CheckResult(0, "learning", TRAINING_DESCRIPTION, t.points if passed else 0.0, t.points, "visible",
+                       feedback, passed=passed)
 
 
 def _secret_paths(config_path: Path, cfg: GradingConfig) -> list[Path]:
@@ -217,7 +259,7 @@ def _run_check(number, check: checks.Check, cfg: GradingConfig, workers: _Worker
                 spec, case, lambda h, t: run(h, t, lambda: ref.append(checks.call_reference(spec, case))))
         if not problems:
             problems = check.compare(case, ref[0], sub, tol)
-        return sub, problems
+        return sub, problems, ref[0] if ref else None
 
     @hypothesis_seed(_seed_for(base, number, check.id))
     @settings(max_examples=c.examples, derandomize=True, database=None, deadline=None, print_blob=False,
@@ -225,14 +267,19 @@ def _run_check(number, check: checks.Check, cfg: GradingConfig, workers: _Worker
               phases=(Phase.generate, Phase.shrink))
     @given(check.strategy(context))
     def prop(case):
+        reference = None
         try:
-            sub, problems = evaluate(case)
+            sub, problems, reference = evaluate(case)
         except checks.StudentError as err:
             if err.reply.get("type") == "NotImplementedError":
                 raise _Abort(f"not implemented: {err.reply.get('message')}", fatal=True) from None
+            if err.reply.get("type") == "MemoryError":
+                raise _Abort(f"ran out of memory (the worker's cap is {cfg.worker.memory_mb} MiB): "
+                             f"{err.reply.get('message')}; the remaining checks of this exercise were not run",
+                             fatal=True) from None
             sub, problems = None, [_describe_error(err.reply)]
         if problems:
-            failure = _Failed(case, problems, sub)
+            failure = _Failed(case, problems, sub, reference)
             last.append(failure)
             if len(last) > cfg.hypothesis.shrink_calls:
                 raise _Abort("", fatal=False)  # enough shrinking: report the smallest failure so far
@@ -266,7 +313,7 @@ def _feedback(number, check, failure: _Failed, tol, hidden: bool, context) -> st
             failure.case, failure.submitted, lambda v: checks.run_reference_update(context["model"], v),
             check.compare, tol)
     else:
-        hint = hints.suggest(number, failure.case, failure.submitted, tol)
+        hint = hints.suggest(number, failure.case, failure.submitted, failure.reference, tol)
     if hint:
         lines.append(f"Hint: {hint}.")
     return "\n".join(lines)

@@ -137,18 +137,19 @@ def _gae(case):
 PATTERNS = {1: _policy, 2: _value, 3: _entropy, 4: _gae}
 
 
-def suggest(exercise: int, case, submitted, tol: Tolerance) -> str | None:
-    """A hint for exercises 1-4 when the submission's outputs match a known mistake."""
-    if exercise not in PATTERNS or submitted is None:
+def suggest(exercise: int, case, submitted, reference, tol: Tolerance) -> str | None:
+    """A hint for exercises 1-4 when the submission's outputs match a known mistake that, on
+    this case, gives something other than the reference."""
+    if exercise not in PATTERNS or submitted is None or reference is None:
         return None
     mask = case.mask
     for name, wrong, message in PATTERNS[exercise](case):
-        got = submitted.outputs.get(name)
+        got, right = submitted.outputs.get(name), reference.outputs.get(name)
         if got is None:
             continue
         if got.dim() == 2:
-            got, wrong = got[mask], wrong[mask]
-        if close(got, wrong, tol)[0]:
+            got, wrong, right = got[mask], wrong[mask], right[mask]
+        if close(got, wrong, tol)[0] and not close(right, wrong, tol)[0]:
             return message
     return None
 

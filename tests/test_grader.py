@@ -167,7 +167,10 @@ def test_attack_is_withstood_in_bounded_time(variant, tmp_path):
         assert result.score == 100 or name == "attack_kill_parent_import", scores
     else:
         others = {n: s for n, s in scores.items() if n != variant.exercise}
-        assert all(s == MAX_SCORES[n] for n, s in others.items()), scores
+        # Patching Tensor.__eq__ at import breaks torch inside the submission's own worker (the
+        # model's attention masks use ==), so its other exercises may suffer: self-inflicted.
+        if name != "attack_patch_comparisons":
+            assert all(s == MAX_SCORES[n] for n, s in others.items()), scores
         if name != "attack_memory_hog_gae":  # the hog may legitimately recover after its allocation fails
             assert scores[variant.exercise] == 0, (name, scores)
 

@@ -35,7 +35,11 @@ def _error_reply(err: BaseException, path: str) -> dict:
     """Describe an exception raised by student code, keeping only the submission's frames."""
     frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename == path]
     where = [f"line {f.lineno}, in {f.name}: {(f.line or '').strip()}" for f in frames][-3:]
-    return {"op": "error", "type": type(err).__name__, "message": str(err)[:2000], "where": where}
+    kind = type(err).__name__
+    # torch reports a failed allocation (here: the worker's address-space cap) as RuntimeError
+    if isinstance(err, MemoryError) or "can't allocate memory" in str(err) or "out of memory" in str(err):
+        kind = "MemoryError"
+    return {"op": "error", "type": kind, "message": str(err)[:2000], "where": where}
 
 
 def _describe(obj, name: str, tensors: dict) -> dict:
@@ -154,6 +158,17 @@ def _update(module: ModuleType, header: dict, tensors: dict, oracle: _Oracle) ->
     return {"op": "result", "calls": calls}, reply_tensors
 
 
+def _train(module: ModuleType, header: dict) -> tuple[dict, dict]:
+    """The CPU learning check: train the assembled submission on the synthetic task."""
+    from assignment.learning_check import run
+
+    torch.set_num_threads(header["threads"])
+    check = run(module, seed=header["seed"], threshold=header["threshold"])
+    return {"op": "result", "rewards": [float(r) for r in check.rewards], "first10_mean": check.first10_mean,
+            "last10_mean": check.last10_mean, "accuracy_before": check.accuracy_before,
+            "accuracy_after": check.accuracy_after, "seconds": check.seconds}, {}
+
+
 def _describe_metrics(out) -> dict:
     if not isinstance(out, dict):
         return {"kind": "other", "type": type(out).__name__}
@@ -197,6 +212,8 @@ def main() -> None:
                 reply, reply_tensors = _call(module, header, tensors)
             elif header["op"] == "update":
                 reply, reply_tensors = _update(module, header, tensors, oracle)
+            elif header["op"] == "train":
+                reply, reply_tensors = _train(module, header)
             else:
                 reply, reply_tensors = {"op": "error", "type": "ProtocolError", "message": header["op"], "where": []}, {}
         except BaseException as err:  # the grader decides what an exception costs
