@@ -14,8 +14,9 @@ tempered softmax, without the top-k / top-p truncation that sampling applied.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -110,6 +111,19 @@ def reference_forward(ref: PreTrainedModel) -> Callable[[torch.Tensor, torch.Ten
     return forward
 
 
+@contextmanager
+def eval_mode(module: torch.nn.Module) -> Iterator[None]:
+    """Eval mode inside the block: generation keeps its KV cache (gradient checkpointing turns
+    it off in train mode) and no-grad forwards skip checkpointing. Dropout is disabled by the
+    trainer, so both modes compute the same log-probs."""
+    was_training = module.training
+    module.eval()
+    try:
+        yield
+    finally:
+        module.train(was_training)
+
+
 @dataclass
 class Sample:
     """Responses to a batch of prompts, before any scoring."""
@@ -128,10 +142,8 @@ def sample(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizerBase, prom
     device = next(policy.parameters()).device
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens, device)
     eos_ids = eos_token_ids(policy.lm, tokenizer)
-    was_training = policy.training
-    policy.eval()  # generate with a KV cache (gradient checkpointing turns it off in train mode)
-    response_ids = generate(policy.lm, prompt_ids, prompt_mask, cfg, tokenizer.pad_token_id, eos_ids, greedy)
-    policy.train(was_training)
+    with eval_mode(policy):
+        response_ids = generate(policy.lm, prompt_ids, prompt_mask, cfg, tokenizer.pad_token_id, eos_ids, greedy)
     mask = response_mask_from_ids(response_ids, eos_ids)
     finished = (torch.isin(response_ids, torch.tensor(eos_ids, device=device)) & mask).any(dim=-1)
     response_ids = torch.where(mask, response_ids, tokenizer.pad_token_id)
@@ -162,7 +174,9 @@ def collect(policy: PolicyWithValueHead, ref: PreTrainedModel, tokenizer: PreTra
     P = s.prompt_ids.shape[1]
     input_ids = torch.cat([s.prompt_ids, s.response_ids], dim=1)  # (B, P+T)
     attention_mask = torch.cat([s.prompt_mask, s.response_mask.to(s.prompt_mask.dtype)], dim=1)  # (B, P+T)
-    logprobs, values = response_forward(policy, input_ids, attention_mask, P, cfg.temperature, cfg.forward_batch_size)
+    with eval_mode(policy):
+        logprobs, values = response_forward(policy, input_ids, attention_mask, P, cfg.temperature,
+                                            cfg.forward_batch_size)
     ref_logprobs, _ = response_forward(reference_forward(ref), input_ids, attention_mask, P, cfg.temperature,
                                        cfg.forward_batch_size)
     return Rollout(s, input_ids, attention_mask, logprobs, ref_logprobs, values)

@@ -133,6 +133,17 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
     Raises RunDirError if a fresh run would overwrite one, and FileNotFoundError if
     ``resume`` finds no checkpoint. Exceptions from ``impl`` propagate unchanged.
     """
+    threads = torch.get_num_threads()
+    if cfg.train.cpu_threads:
+        torch.set_num_threads(cfg.train.cpu_threads)
+    try:
+        return _train(cfg, impl, resume, on_step, command)
+    finally:
+        torch.set_num_threads(threads)  # the setting is process-wide: give the caller its own back
+
+
+def _train(cfg: Config, impl: ModuleType, resume: bool, on_step: Callable[[int, dict[str, float]], None] | None,
+           command: str | None) -> RunResult:
     started = time.time()
     out = Path(cfg.train.output_dir)
     if not resume and ((out / METRICS).exists() or (out / checkpoint.FILENAME).exists()):
@@ -143,7 +154,7 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
     record_run(out, command, resume)
     device = resolve_device(cfg.train.device)
     if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # float32 weights, TF32 matmuls
+        torch.set_float32_matmul_precision("high")  # float32 weights, TF32 matmuls
     seed_everything(cfg.train.seed)
     show = cfg.train.progress
 

@@ -27,7 +27,9 @@ def sign_flipped(tmp_path):
 def test_solution_learns(seed):
     check = run(load_impl("solutions"), seed=seed)
     assert check.passed, (check.first10_mean, check.last10_mean)
-    assert check.accuracy_after > check.accuracy_before + 0.3  # the arithmetic, not only the format
+    # The arithmetic, not only the format: well above the 20% of the best input-blind policy
+    # (always answering 4, the most frequent sum of two operands in [0, 4]).
+    assert check.accuracy_after >= 0.35, check.accuracy_after
 
 
 @pytest.mark.slow
