@@ -134,22 +134,26 @@ def grade(submission: Path, cfg: GradingConfig, config_path: Path, with_training
     notes = []
     if secret_source == "public-fallback":
         notes.append(f"hidden checks used the public seed: set ${cfg.seeds.hidden_env} at deployment")
+    training = with_training or cfg.training.enabled
+    # the workers this grading needs, each started at once so their imports overlap
+    roles = [r for r, needed in (("call", bool(set(selected) - {5})), ("update", 5 in selected),
+                                 ("train", training)) if needed]
     try:
-        first = "call" if set(selected) - {5} else "update"
-        workers.start(first)
-        context = {}
-        if 5 in selected:
-            workers.start("update")
-            context["model"] = checks.grading_model()  # imports transformers while the workers start
-        ready = workers.get(first)
-        if ready.import_error is not None:
+        for role in roles:
+            workers.start(role)
+        context = {"model": checks.grading_model()} if 5 in selected else {}  # transformers, meanwhile
+        ready = workers.get(roles[0]) if roles else None
+        if ready is not None and ready.import_error is not None:
             message = "the submission could not be imported: " + _describe_error(ready.import_error)
             results = [_zero(n, c, cfg, message) for n in selected for c in selected[n]]
+            if training:
+                results.append(CheckResult(0, "learning", TRAINING_DESCRIPTION, 0.0, cfg.training.points,
+                                           "visible", message, passed=False))
         else:
             for number, exercise_checks in selected.items():
                 results += _grade_exercise(number, exercise_checks, cfg, workers, context, secret, ready.callable)
-        if with_training or cfg.training.enabled:
-            results.append(_training_check(cfg, workers))
+            if training:
+                results.append(_training_check(cfg, workers))
     finally:
         workers.close()
     extra = {

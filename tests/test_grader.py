@@ -244,3 +244,20 @@ def test_syntax_error_is_reported_as_an_import_failure(tmp_path):
     result = grade_text("def compute_policy_loss(:\n", tmp_path)
     assert result.score == 0
     assert all("could not be imported: raised SyntaxError" in c.feedback for c in result.checks)
+
+
+# ---- the CPU learning check (exercise 0) ----------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant,passes", [(None, True), ("policy_sign_flipped", False)])
+def test_training_check_passes_the_solution_and_fails_a_sign_flip(variant, passes, tmp_path):
+    text = (ROOT / "solutions" / "exercises.py").read_text() if variant is None else \
+        corpus.render(corpus.by_name(variant))
+    path = tmp_path / "exercises.py"
+    path.write_text(text)
+    started = time.monotonic()
+    result = grade(path, FULL, CONFIG, with_training=True, exercises=set())  # the training check alone
+    (check,) = result.checks
+    assert check.exercise == 0 and check.passed is passes, check.feedback
+    assert "mean reward of the first 10 steps" in check.feedback
+    assert time.monotonic() - started < FULL.training.timeout_s
