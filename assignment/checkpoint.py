@@ -28,11 +28,12 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    # load() maps every tensor to the training device; RNG states must be CPU ByteTensors
+    torch.set_rng_state(state["torch"].cpu())
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def save(out: Path, step: int, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,

@@ -14,6 +14,7 @@ without a traceback, and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -40,6 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _impl_of_run(run_dir: Path) -> str | None:
+    """The --impl the run in ``run_dir`` was started with, so that --resume keeps the same code."""
+    try:
+        first = json.loads((run_dir / "run.json").read_text())[0]["command"]
+    except (OSError, ValueError, LookupError, TypeError):
+        return None
+    words = shlex.split(first)
+    return words[words.index("--impl") + 1] if "--impl" in words[:-1] else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -55,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(Path(args.resume) / "config.yaml", args.overrides + [f"train.output_dir={args.resume}"])
         else:
             cfg = load_config(args.config, args.overrides)
-        impl = load_impl(args.impl or "assignment")
+        impl = load_impl(args.impl or (_impl_of_run(Path(args.resume)) if args.resume else None) or "assignment")
         command = "ppo-train " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
         result = train(cfg, impl, resume=bool(args.resume), command=command)
     except USER_ERRORS as err:

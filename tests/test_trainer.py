@@ -248,3 +248,16 @@ def test_clear_quantization_flags_on_a_flagged_model():
     assert getattr(lm, "hf_quantizer", None) is None and not lm.is_quantized
     assert not hasattr(lm, "quantization_method") and not lm.model.config._is_quantized
     assert not hasattr(lm.config, "quantization_config") and "quantization_config" not in lm.config.to_dict()
+
+
+def test_resume_keeps_the_impl_the_run_started_with(tmp_path):
+    import json
+
+    from assignment.cli import _impl_of_run
+
+    (tmp_path / "run.json").write_text(json.dumps([{"command": "ppo-train --config c.yaml --impl solutions"},
+                                                   {"command": "ppo-train --resume r"}]))
+    assert _impl_of_run(tmp_path) == "solutions"
+    (tmp_path / "run.json").write_text(json.dumps([{"command": "ppo-train --config c.yaml"}]))
+    assert _impl_of_run(tmp_path) is None
+    assert _impl_of_run(tmp_path / "missing") is None
