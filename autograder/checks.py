@@ -209,30 +209,19 @@ def _cmp_advantages(case, ref: Called, sub: Called, tol: Tolerance) -> list[str]
 
 def _cmp_td_errors(case, ref: Called, sub: Called, tol: Tolerance) -> list[str]:
     """lam = 0: raw advantages (returns - values) are the TD errors, computed here in closed form."""
-    t = {k: v.double() for k, v in case.tensors.items()}
+    values = case.tensors["values"].double()
+    B = values.shape[0]
     m = case.mask.double()
-    B, T = m.shape
-    r = torch.where(case.mask, -t["kl_penalties"], 0.0)
-    lengths = case.mask.sum(1)
-    for b in range(B):
-        if lengths[b] > 0:
-            r[b, lengths[b] - 1] += t["final_rewards"][b]
-    v = torch.where(case.mask, t["values"], 0.0)
+    v = torch.where(case.mask, values, 0.0)
     next_v = torch.cat([v[:, 1:] * m[:, 1:], torch.zeros(B, 1, dtype=torch.float64)], 1)
-    delta = r + case.scalars["gamma"] * next_v - v
-    raw = sub.outputs["returns"].double() - t["values"]
+    delta = hints.token_rewards(case) + case.scalars["gamma"] * next_v - v
+    raw = sub.outputs["returns"].double() - values
     return compare_value("returns - values (TD errors at lam = 0)", raw, delta, tol, case.mask)
 
 
 def _cmp_reward_to_go(case, ref: Called, sub: Called, tol: Tolerance) -> list[str]:
     """gamma = lam = 1 and V = 0: returns are the reward-to-go, computed here in closed form."""
-    t = {k: v.double() for k, v in case.tensors.items()}
-    r = torch.where(case.mask, -t["kl_penalties"], 0.0)
-    lengths = case.mask.sum(1)
-    for b in range(r.shape[0]):
-        if lengths[b] > 0:
-            r[b, lengths[b] - 1] += t["final_rewards"][b]
-    to_go = r.flip(1).cumsum(1).flip(1)
+    to_go = hints.token_rewards(case).flip(1).cumsum(1).flip(1)
     return compare_value("returns (reward-to-go)", sub.outputs["returns"], to_go, tol, case.mask)
 
 
@@ -501,4 +490,3 @@ CHECKS[5] = (
 )
 
 CHECK_IDS = {n: tuple(c.id for c in checks) for n, checks in CHECKS.items()}
-HINTS = hints

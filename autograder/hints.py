@@ -90,19 +90,28 @@ def _entropy(case):
     ]
 
 
+def token_rewards(case, reward_index: str = "last_real", kl_sign: float = -1.0) -> torch.Tensor:
+    """(B, T) float64 token rewards in closed form: kl_sign * kl_penalties on real tokens, plus
+    final_rewards[b] at row b's last real token (``reward_index="end"``: at T - 1, a known bug)."""
+    mask = case.mask
+    R, kl = _t(case, "final_rewards", "kl_penalties")
+    r = torch.where(mask, kl_sign * kl, 0.0)
+    lengths = mask.sum(1)
+    for b in range(r.shape[0]):
+        if lengths[b] > 0:
+            r[b, (lengths[b] - 1) if reward_index == "last_real" else r.shape[1] - 1] += R[b]
+    return r
+
+
 def _gae_raw(case, reward_index="last_real", next_mask=True, gamma=None, lam=None, kl_sign=-1.0):
     mask = case.mask
-    R, kl, v = _t(case, "final_rewards", "kl_penalties", "values")
+    (v,) = _t(case, "values")
     m = mask.double()
     gamma = case.scalars["gamma"] if gamma is None else gamma
     lam = case.scalars["lam"] if lam is None else lam
     v = torch.where(mask, v, 0.0) if next_mask else v
-    r = torch.where(mask, kl_sign * kl, 0.0)
+    r = token_rewards(case, reward_index, kl_sign)
     B, T = m.shape
-    lengths = mask.sum(1)
-    for b in range(B):
-        if lengths[b] > 0:
-            r[b, (lengths[b] - 1) if reward_index == "last_real" else T - 1] += R[b]
     A = torch.zeros(B, T, dtype=torch.float64)
     nv, nm, na = torch.zeros(B, dtype=torch.float64), torch.zeros(B, dtype=torch.float64), torch.zeros(B, dtype=torch.float64)
     for t in reversed(range(T)):
