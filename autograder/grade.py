@@ -128,6 +128,8 @@ def grade(submission: Path, cfg: GradingConfig, config_path: Path, with_training
     secret, secret_source = hidden_seed(cfg)
     strategy = detect_strategy(cfg.worker.sandbox, cfg.worker.sandbox_user)
     hide = _secret_paths(config_path, cfg)
+    if strategy == "user":
+        _check_root_only(hide)
     torch.set_num_threads(1)
     workers = _Workers(submission, cfg, strategy, hide)
     results: list[CheckResult] = []
@@ -208,6 +210,14 @@ def _secret_paths(config_path: Path, cfg: GradingConfig) -> list[Path]:
     if cfg.seeds.hidden_file:
         paths.append(Path(cfg.seeds.hidden_file).resolve())
     return paths
+
+
+def _check_root_only(paths: list[Path]) -> None:
+    """The user sandbox relies on file permissions: refuse to grade if "others" can read a secret."""
+    for path in paths:
+        if path.exists() and path.stat().st_mode & 0o005:
+            raise RuntimeError(f"sandbox misconfigured: {path} is readable by other users; run "
+                               f"`chmod -R go-rwx {path}` (autograder/gradescope/setup.sh does this)")
 
 
 def _zero(number: int, check: checks.Check, cfg: GradingConfig, message: str) -> CheckResult:

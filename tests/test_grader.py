@@ -261,3 +261,15 @@ def test_training_check_passes_the_solution_and_fails_a_sign_flip(variant, passe
     assert check.exercise == 0 and check.passed is passes, check.feedback
     assert "mean reward of the first 10 steps" in check.feedback
     assert time.monotonic() - started < FULL.training.timeout_s
+
+
+def test_user_sandbox_refuses_world_readable_secrets(tmp_path):
+    from autograder.grade import _check_root_only
+
+    secret = tmp_path / "solutions"
+    secret.mkdir()
+    secret.chmod(0o755)
+    with pytest.raises(RuntimeError, match="readable by other users"):
+        _check_root_only([secret])
+    secret.chmod(0o700)
+    _check_root_only([secret])
