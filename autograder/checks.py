@@ -296,8 +296,6 @@ CHECKS: dict[int, tuple[Check, ...]] = {
 
 # ---- exercise 5: a scenario of minibatch calls on a tiny model ----------------------------------
 
-METRIC_KEYS = ("loss/policy", "loss/value", "loss/entropy", "loss/total",
-               "stats/policy_clipfrac", "stats/value_clipfrac", "stats/approx_kl")
 MODEL = {"vocab_size": 32, "hidden_size": 16, "num_layers": 1, "seed": 0}
 LR = 0.1
 
