@@ -1,24 +1,33 @@
 """Validate what a submission returned and compare it with the reference, in the grader.
 
-The worker's description of each returned object (type, dtype, shape, requires_grad) plus
-the plain tensor that carried its values are all the grader ever sees of student code. Every
+The worker's description of each returned object (type, dtype, shape, requires_grad) plus the
+plain tensor that carried its values are all the grader ever sees of student code.
+
+Tolerances are derived, not tuned. The contract lets a correct submission compute in float32
+even for float64 inputs, sum in any order, and take log_softmax + gather or logsumexp; the
+reference runs in float64 on the same inputs (exact to about 1e-16). A correct submission's
+error is therefore a sum of float32 roundings, each at most ``U`` times the magnitude it
+rounds. Each exercise module defines, per compared quantity, an *error scale* S (in the same
+units as the quantity) that bounds that sum of magnitudes; a value passes when
+``|got - expected| <= ulps * U * S`` elementwise, with ``ulps`` from grading.yaml. Every
 function here returns a list of problems in words; an empty list means the check holds.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+from .cases import fmt
+
+U = 2.0 ** -24  # float32 unit roundoff: half the gap between 1 and the next float32
+# Below the smallest normal float32, 2^-126, float32 keeps only an absolute precision of 2^-149
+# (gradual underflow), so relative bounds fail there: every bound also allows 2^-126 per ulp,
+# more than 2^-149 for each of a million operations, and far below any real difference.
+TINY = 2.0 ** -126
 FLOAT_DTYPES = ("float32", "float64")
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    rtol: float
-    atol: float
 
 
 class Output:
@@ -39,10 +48,9 @@ def validate(out: Output, label: str, shape: tuple[int, ...]) -> list[str]:
     """An exact torch.Tensor of a float32/float64 dtype and the expected shape."""
     d = out.desc
     if d.get("kind") != "tensor" or out.tensor is None:
-        what = d.get("type", "nothing")
-        return [f"{label} is a {what}, expected a torch.Tensor"]
+        return [f"{label} is a {d.get('type', 'nothing')}, expected a torch.Tensor"]
     if not d.get("exact"):
-        return [f"{label} is a {d.get('type')} (a subclass of torch.Tensor); return a plain torch.Tensor"]
+        return [f"{label} is a subclass of torch.Tensor; return a plain torch.Tensor"]
     if d.get("dtype") not in FLOAT_DTYPES:
         return [f"{label} has dtype {d.get('dtype')}; the contract reduces in float32 or wider"]
     if tuple(d.get("shape", ())) != shape or tuple(out.tensor.shape) != shape:
@@ -51,41 +59,59 @@ def validate(out: Output, label: str, shape: tuple[int, ...]) -> list[str]:
     return []
 
 
-def close(got: torch.Tensor, expected: torch.Tensor, tol: Tolerance, atol_scale: float = 1.0) -> tuple[bool, float, int]:
-    """Elementwise |got - expected| <= atol * atol_scale + rtol * |expected|, in float64.
+def bound(ulps: float, scale: torch.Tensor | float) -> torch.Tensor:
+    """The allowed absolute error: ``ulps * (U * scale + TINY)`` (float64)."""
+    return ulps * (U * torch.as_tensor(scale, dtype=torch.float64) + TINY)
 
-    Returns (all close, largest error, flat index of the largest violation or of the largest error).
-    NaN or inf in ``got`` where ``expected`` is finite always fails.
-    """
-    g, e = got.double().flatten(), expected.double().flatten()
-    if g.numel() == 0:
-        return True, 0.0, 0
+
+def within(got: torch.Tensor, expected: torch.Tensor, tol: torch.Tensor) -> torch.Tensor:
+    """Elementwise: |got - expected| <= tol, in float64; equal infinities and NaNs agree, and a
+    non-finite value where the reference is finite never passes."""
+    g, e = got.double(), expected.double()
+    same = (g == e) | (torch.isnan(g) & torch.isnan(e))
     err = (g - e).abs()
-    both_inf = torch.isinf(g) & torch.isinf(e) & (torch.sign(g) == torch.sign(e))
-    both_nan = torch.isnan(g) & torch.isnan(e)
-    err = torch.where(both_inf | both_nan, torch.zeros_like(err), err)
-    err = torch.where(torch.isnan(err), torch.full_like(err, math.inf), err)
-    bound = tol.atol * atol_scale + tol.rtol * e.abs().nan_to_num(posinf=0.0)
-    bad = err > bound
-    index = int(torch.argmax(torch.where(bad, err, torch.zeros_like(err))).item()) if bad.any() else int(err.argmax())
-    return not bool(bad.any()), float(err.max().item()), index
+    return same | (torch.isfinite(err) & (err <= tol.expand_as(err)))
 
 
-def fmt(x: float) -> str:
-    return f"{x:.6g}"
-
-
-def compare_value(label: str, got: torch.Tensor, expected: torch.Tensor, tol: Tolerance,
-                  mask: torch.Tensor | None = None, atol_scale: float = 1.0) -> list[str]:
-    """Compare on real tokens only (``mask``), or the whole tensor; explain the largest error."""
-    if mask is not None:
-        got, expected = got[mask], expected[mask]
-        positions = mask.nonzero().tolist()
-    ok, largest, i = close(got, expected, tol, atol_scale)
-    if ok:
+def compare(label: str, got: torch.Tensor, expected: torch.Tensor, tol: torch.Tensor,
+            position: Callable[[int], str] | None = None) -> list[str]:
+    """One problem naming the worst element, or none. ``position(i)`` names flat index i
+    (default: the tensor's own index)."""
+    got, expected = got.double(), expected.double()
+    tol = torch.as_tensor(tol, dtype=torch.float64).expand_as(expected)
+    ok = within(got, expected, tol)
+    if bool(ok.all()):
         return []
-    if got.numel() == 1:
-        return [f"{label}: expected {fmt(expected.item())}, got {fmt(got.item())} (error {fmt(largest)})"]
-    where = f" at (b, t) = {tuple(positions[i])}" if mask is not None else f" at flat index {i}"
-    return [f"{label}: largest error {fmt(largest)}{where}: expected {fmt(expected.flatten()[i].item())}, "
-            f"got {fmt(got.flatten()[i].item())}"]
+    position = position or (lambda i: _index(got, i))
+    bad = ~ok
+    if not torch.isfinite(got[bad]).all():  # non-finite values first: their cause differs
+        first = int(bad.flatten().nonzero()[0])
+        return [f"{label} is {fmt(got.flatten()[first].item())}{position(first)} where the reference is "
+                f"{fmt(expected.flatten()[first].item())}"]
+    excess = torch.where(bad, (got - expected).abs() - tol, torch.full_like(got, -math.inf))
+    worst = int(excess.flatten().argmax())
+    exp, value = expected.flatten()[worst].item(), got.flatten()[worst].item()
+    return [f"{label}: expected {fmt(exp)}, got {fmt(value)}{position(worst)} "
+            f"(error {fmt(abs(value - exp))}, allowed {fmt(tol.flatten()[worst].item())})"]
+
+
+def _index(t: torch.Tensor, flat: int) -> str:
+    if t.dim() == 0:
+        return ""
+    return f" at index {[int(i) for i in torch.unravel_index(torch.tensor(flat), t.shape)]}"
+
+
+def compare_tokens(label: str, got: torch.Tensor, expected: torch.Tensor, tol: torch.Tensor,
+                   mask: torch.Tensor) -> list[str]:
+    """Compare (B, T, ...) tensors on real tokens only; name the worst element by (b, t, ...)."""
+    tol = torch.as_tensor(tol, dtype=torch.float64).expand(expected.shape)
+    tokens = mask.nonzero().tolist()
+    inner = tuple(expected.shape[2:])
+    width = math.prod(inner)
+
+    def position(i: int) -> str:
+        token, rest = divmod(i, width)
+        index = tokens[token] + ([int(j) for j in torch.unravel_index(torch.tensor(rest), inner)] if inner else [])
+        return f" at {'(b, t, v)' if inner else '(b, t)'} = {tuple(index)}"
+
+    return compare(label, got[mask], expected[mask], tol[mask], position)

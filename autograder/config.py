@@ -34,8 +34,9 @@ class WorkerConfig:
     sandbox: str = MISSING
     sandbox_user: str = MISSING
     memory_mb: int = MISSING
+    nproc: int = MISSING
     threads: int = MISSING
-    import_timeout_s: float = MISSING
+    start_timeout_s: float = MISSING
     call_timeout_s: float = MISSING
     update_timeout_s: float = MISSING
 
@@ -50,8 +51,9 @@ class CheckConfig:
     points: float = MISSING
     examples: int = MISSING
     visibility: str = MISSING
-    rtol: float = MISSING
-    atol: float = MISSING
+    # The allowed error in float32 units of the quantity's error scale: |got - expected| <=
+    # ulps * 2^-24 * S (autograder/compare.py; each exercise module derives its S).
+    ulps: float = MISSING
 
 
 @dataclass
@@ -104,9 +106,9 @@ def _validate(cfg: GradingConfig, expected: dict[int, tuple[str, ...]], path: Pa
             where = f"{path}: exercises.{number}.{name}"
             if check.visibility not in VISIBILITIES:
                 raise ConfigError(f"{where}.visibility must be one of {VISIBILITIES}")
-            if check.points < 0 or check.examples < 1 or check.rtol < 0 or check.atol < 0:
-                raise ConfigError(f"{where}: points, rtol and atol must be >= 0 and examples >= 1")
-    for key in ("memory_mb", "threads", "import_timeout_s", "call_timeout_s", "update_timeout_s"):
+            if check.points < 0 or check.examples < 1 or check.ulps < 0:
+                raise ConfigError(f"{where}: points and ulps must be >= 0 and examples >= 1")
+    for key in ("memory_mb", "nproc", "threads", "start_timeout_s", "call_timeout_s", "update_timeout_s"):
         if getattr(cfg.worker, key) <= 0:
             raise ConfigError(f"{path}: worker.{key} must be positive")
 

@@ -1,10 +1,12 @@
-"""Grade one submission: run every check of every exercise and collect typed results.
+"""Grade one submission: the visible checks, then the training check, then the hidden checks.
 
 Hypothesis drives each check (derandomized, no database, seeded per check from the public or
 hidden seed), so the same file always meets the same examples and gets the same feedback.
-The submission runs only in worker processes (sandbox.py); exercises 1-4 share one worker,
-restarted after a crash, and exercise 5 gets its own, started early so that importing
-transformers overlaps the grading of exercises 1-4.
+The submission runs only in workers forked by the sandbox's server (sandbox.py), one at a
+time, each fresh when its role changes and every process it left killed before the next:
+exercises 1-4, then exercise 5, then the training check, then one per exercise for the hidden
+checks. Hidden checks come last, so no text a submission produces after it has seen a hidden
+input reaches the visible feedback; their own feedback is the grader's words only.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import platform
 import time
 import zlib
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Callable
 
 import hypothesis
 import torch
@@ -21,14 +23,14 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import HypothesisException
 
-from assignment import EXERCISES
+from assignment.contract import exercise
 
-from . import __version__, checks, hints
-from .compare import Tolerance
+from . import __version__, calls
 from .config import GradingConfig, hidden_seed
-from .sandbox import Limits, Worker, WorkerDied, WorkerTimeout, detect_strategy
+from .exercises import CHECKS, MODULES, Check, update
+from .sandbox import Limits, Sandbox, WorkerDied, WorkerTimeout, check_unreadable, detect_strategy, secret_paths
 
-HIDDEN = "hidden"
+MAX_PROBLEM_LINES = 6  # per failed check: the worst few, not a wall of numbers
 
 
 @dataclass
@@ -52,7 +54,8 @@ class GradingResult:
     checks: list[CheckResult]
     extra: dict
     execution_time: float
-    notes: list[str] = field(default_factory=list)
+    # For the staff, never for students: the grader's own log (e.g. a missing hidden seed).
+    log: list[str] = field(default_factory=list)
 
     @property
     def score(self) -> float:
@@ -64,110 +67,135 @@ class GradingResult:
 
 
 class _Failed(Exception):
-    """Raised inside a Hypothesis example: this case fails the check."""
+    """Raised inside a Hypothesis example: this case fails the check. ``kind`` is "error" (the
+    submission raised), "invalid" (wrong type, shape or dtype) or "mismatch" (wrong values)."""
 
-    def __init__(self, case, problems, submitted, reference=None):
+    def __init__(self, case, problems: list[str], kind: str, submitted=None, reference=None):
         super().__init__("; ".join(problems))
-        self.case, self.problems, self.submitted, self.reference = case, problems, submitted, reference
+        self.case, self.problems, self.kind, self.submitted, self.reference = case, problems, kind, submitted, reference
 
 
 class _Abort(BaseException):
     """Escapes Hypothesis at once (it does not catch BaseException): the check cannot go on."""
 
-    def __init__(self, message: str, fatal: bool):
+    def __init__(self, message: str, fatal: bool, kind: str = "crash"):
         super().__init__(message)
-        self.message, self.fatal = message, fatal
+        self.message, self.fatal, self.kind = message, fatal, kind
+
+
+HIDDEN_FEEDBACK = {
+    "error": "the function raised an exception",
+    "invalid": "it returned the wrong type, shape or dtype",
+    "mismatch": "a value differs from the reference",
+    "crash": "the worker crashed, ran out of memory or ran out of time",
+    "not implemented": "the function is not implemented",
+}
 
 
 class _Workers:
-    """The two workers of one grading, restarted on demand after a death."""
+    """The one live worker of a grading, replaced by a fresh one when the role changes."""
 
-    def __init__(self, submission: Path, cfg: GradingConfig, strategy: str, hide: list[Path]):
-        self.submission, self.cfg, self.strategy, self.hide = submission, cfg, strategy, hide
-        self.limits = Limits(cfg.worker.memory_mb, cfg.worker.import_timeout_s, cfg.worker.threads)
-        self._workers: dict[str, Worker] = {}
+    def __init__(self, sandbox: Sandbox):
+        self.sandbox = sandbox
+        self.current = None
 
-    def start(self, role: str) -> None:
-        if role not in self._workers:
-            self._workers[role] = Worker(self.submission, self.limits, self.strategy, self.hide,
-                                         self.cfg.worker.sandbox_user, preload=role != "call")
+    def get(self, role: str):
+        if self.current is not None and (self.current.role != role or not self.current.alive):
+            self.drop()
+        if self.current is None:
+            self.current = self.sandbox.spawn(role)
+            self.current.wait_ready()
+        return self.current
 
-    def get(self, role: str) -> Worker:
-        self.start(role)
-        worker = self._workers[role]
-        if worker.import_error is None and not worker.ready:
-            try:
-                worker.wait_ready()
-            except (WorkerDied, WorkerTimeout) as err:  # e.g. the module kills its own process on import
-                worker.import_error = {"type": type(err).__name__, "message": str(err), "where": []}
-        return worker
-
-    def drop(self, role: str) -> None:
-        worker = self._workers.pop(role, None)
-        if worker:
-            worker.close()
-
-    def close(self) -> None:
-        for role in list(self._workers):
-            self.drop(role)
+    def drop(self) -> None:
+        if self.current is not None:
+            self.current.close()
+            self.current = None
 
 
-def _seed_for(base: int, exercise: int, check: str) -> int:
-    """A stable per-check seed, so checks of one exercise see different examples."""
-    return (base * 1_000_003 + zlib.crc32(f"{exercise}:{check}".encode())) % 2**32
+def _seed_for(base: int, number: int, check: str) -> int:
+    """A stable per-check seed, so that the checks of one exercise see different examples."""
+    return (base * 1_000_003 + zlib.crc32(f"{number}:{check}".encode())) % 2**32
 
 
-def grade(submission: Path, cfg: GradingConfig, config_path: Path, with_training: bool = False,
+def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = False,
           exercises: set[int] | None = None) -> GradingResult:
-    """Grade ``submission`` (a path to a student's exercises.py) under ``cfg``.
+    """Grade the submission whose text is ``source`` under ``cfg``.
 
-    ``exercises`` restricts grading to those exercise numbers (all five by default).
+    ``exercises`` restricts grading to those exercise numbers (all five by default). Raises
+    sandbox.GraderFailure when the grader itself cannot run (never the student's fault).
     """
-    selected = {n: c for n, c in checks.CHECKS.items() if exercises is None or n in exercises}
     started = time.monotonic()
+    selected = {n: c for n, c in CHECKS.items() if exercises is None or n in exercises}
     secret, secret_source = hidden_seed(cfg)
-    strategy = detect_strategy(cfg.worker.sandbox, cfg.worker.sandbox_user)
-    hide = _secret_paths(config_path, cfg)
+    w = cfg.worker
+    strategy = detect_strategy(w.sandbox, w.sandbox_user)
+    hide = secret_paths([config_path] + ([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []))
     if strategy == "user":
-        _check_root_only(hide)
+        check_unreadable(hide, w.sandbox_user)
     torch.set_num_threads(1)
-    workers = _Workers(submission, cfg, strategy, hide)
-    results: list[CheckResult] = []
-    notes = []
-    if secret_source == "public-fallback":
-        notes.append(f"hidden checks used the public seed: set ${cfg.seeds.hidden_env} at deployment")
+    log = ["hidden checks used the public seed: set $" + cfg.seeds.hidden_env + " at deployment"] \
+        if secret_source == "public-fallback" else []
     training = with_training or cfg.training.enabled
-    # the workers this grading needs, each started at once so their imports overlap
-    roles = [r for r, needed in (("call", bool(set(selected) - {5})), ("update", 5 in selected),
-                                 ("train", training)) if needed]
-    try:
-        for role in roles:
-            workers.start(role)
-        context = {"model": checks.grading_model()} if 5 in selected else {}  # transformers, meanwhile
-        ready = workers.get(roles[0]) if roles else None
-        if ready is not None and ready.import_error is not None:
-            message = "the submission could not be imported: " + _describe_error(ready.import_error)
+    limits = Limits(w.memory_mb, w.start_timeout_s, w.threads, w.nproc)
+    first_role = "exercises 1-4" if set(selected) - {5} else "exercise 5" if 5 in selected else "training check"
+    with Sandbox(source, limits, strategy, hide, w.sandbox_user) as sandbox:  # its server imports torch...
+        context = {"model": update.grading_model()} if 5 in selected else {}  # ...while we import transformers
+        workers = _Workers(sandbox)
+        if first_role != "exercises 1-4":
+            sandbox.preload()  # the model code first: the first worker already needs it
+        first = workers.get(first_role)
+        network = first.network
+        if first_role == "exercises 1-4" and (5 in selected or training):
+            sandbox.preload()  # imported by the server while exercises 1-4 are graded
+        if first.import_error is not None:
+            message = "the submission could not be imported: " + calls.StudentError(first.import_error).describe()
             results = [_zero(n, c, cfg, message) for n in selected for c in selected[n]]
             if training:
-                results.append(CheckResult(0, "learning", TRAINING_DESCRIPTION, 0.0, cfg.training.points,
-                                           "visible", message, passed=False))
+                results.append(_training_result(cfg, 0.0, message))
         else:
-            for number, exercise_checks in selected.items():
-                results += _grade_exercise(number, exercise_checks, cfg, workers, context, secret, ready.callable)
-            if training:
-                results.append(_training_check(cfg, workers))
-    finally:
-        workers.close()
-    extra = {
-        "grader_version": __version__, "torch_version": torch.__version__,
-        "hypothesis_version": hypothesis.__version__, "python_version": platform.python_version(),
-        "public_seed": cfg.seeds.public, "hidden_seed_source": secret_source, "sandbox": strategy,
-    }
-    return GradingResult(results, extra, round(time.monotonic() - started, 3), notes)
+            results = _grade_all(selected, cfg, workers, context, secret, first.callable, training)
+        workers.drop()
+    extra = {"grader_version": __version__, "torch_version": torch.__version__,
+             "hypothesis_version": hypothesis.__version__, "python_version": platform.python_version(),
+             "public_seed": cfg.seeds.public, "hidden_seed_source": secret_source, "sandbox": strategy,
+             "network": network}
+    order = {(n, c.id): i for n in selected for i, c in enumerate(selected[n])}
+    results.sort(key=lambda r: (r.exercise, order.get((r.exercise, r.check), -1)))
+    return GradingResult(results, extra, round(time.monotonic() - started, 3), log)
+
+
+def _grade_all(selected, cfg, workers, context, secret, defined, training) -> list[CheckResult]:
+    """Visible checks, the training check, then hidden checks: in that order, always."""
+    results = []
+    for hidden in (False, True):
+        for number, checks in selected.items():
+            phase = [c for c in checks if c.hidden == hidden]
+            name = exercise(number).name
+            if name not in defined:
+                results += [_zero(number, c, cfg, f"the submission defines no function {name}") for c in phase]
+                continue
+            role = f"hidden checks of exercise {number}" if hidden else \
+                "exercise 5" if number == 5 else "exercises 1-4"
+            fatal = None
+            for check in phase:
+                result, fatal = (_zero(number, check, cfg, fatal), fatal) if fatal else \
+                    _run_check(number, check, cfg, lambda: workers.get(role), workers, context,
+                               secret if hidden else cfg.seeds.public)
+                results.append(result)
+            if hidden:
+                workers.drop()  # a fresh worker for each exercise's hidden checks
+        if not hidden and training:
+            results.append(_training_check(cfg, workers))
+    return results
 
 
 TRAINING_DESCRIPTION = ("the assembled submission trains a tiny model on synthetic arithmetic on CPU: the mean "
                         "reward of the last 10 PPO steps exceeds that of the first 10 by the threshold")
+
+
+def _training_result(cfg: GradingConfig, score: float, feedback: str, passed: bool = False) -> CheckResult:
+    return CheckResult(0, "learning", TRAINING_DESCRIPTION, score, cfg.training.points, "visible", feedback, passed)
 
 
 def _training_check(cfg: GradingConfig, workers: _Workers) -> CheckResult:
@@ -179,157 +207,130 @@ def _training_check(cfg: GradingConfig, workers: _Workers) -> CheckResult:
     t = cfg.training
     header = {"op": "train", "seed": t.seed, "threshold": t.threshold, "threads": max(cfg.worker.threads, 2)}
     try:
-        reply, _ = workers.get("train").request(header, {}, t.timeout_s)
+        reply, _ = workers.get("training check").request(header, {}, t.timeout_s)
     except (WorkerDied, WorkerTimeout) as err:
-        workers.drop("train")
-        return CheckResult(0, "learning", TRAINING_DESCRIPTION, 0.0, t.points, "visible", str(err), passed=False)
+        workers.drop()
+        return _training_result(cfg, 0.0, str(err))
     if reply.get("op") == "error":
-        return CheckResult(0, "learning", TRAINING_DESCRIPTION, 0.0, t.points, "visible",
-                           "training failed: " + _describe_error(reply), passed=False)
+        return _training_result(cfg, 0.0, "training failed: " + calls.StudentError(reply).describe())
     rewards = reply.get("rewards")
     if not isinstance(rewards, list) or len(rewards) < 20 or not all(isinstance(r, float) for r in rewards):
-        return CheckResult(0, "learning", TRAINING_DESCRIPTION, 0.0, t.points, "visible",
-                           "the training run reported no usable rewards", passed=False)
+        return _training_result(cfg, 0.0, "the training run reported no usable rewards")
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
     passed = last - first >= t.threshold
-    feedback = (f"mean reward of the first 10 steps {first:.3f}, of the last 10 {last:.3f} "
-                f"(improvement {last - first:+.3f}, needed {t.threshold:+.3f}); greedy accuracy "
+    feedback = (f"mean reward of the first 10 steps {first:.3f}, of the last 10 {last:.3f}: improvement "
+                f"{last - first:+.3f}, threshold {t.threshold:+.3f}; greedy accuracy "
                 f"{reply.get('accuracy_before', float('nan')):.3f} -> {reply.get('accuracy_after', float('nan')):.3f}; "
                 f"{len(rewards)} steps in {reply.get('seconds', float('nan')):.0f} s")
     if not passed:
-        feedback += ". Run `ppo-train --config configs/cpu_synthetic.yaml --impl YOUR_FILE.py` and watch rollout/reward_mean"
-    return CheckResult(0, "learning", TRAINING_DESCRIPTION, t.points if passed else 0.0, t.points, "visible",
-                       feedback, passed=passed)
+        feedback += ". Run `ppo-train --config configs/cpu_synthetic.yaml` and watch rollout/reward_mean"
+    return _training_result(cfg, t.points if passed else 0.0, feedback, passed)
 
 
-def _secret_paths(config_path: Path, cfg: GradingConfig) -> list[Path]:
-    """What the worker must never read: the solution, the grader, its config and the hidden seed."""
-    import solutions
-
-    paths = [Path(solutions.__file__).resolve().parent, Path(__file__).resolve().parent, config_path.resolve()]
-    if cfg.seeds.hidden_file:
-        paths.append(Path(cfg.seeds.hidden_file).resolve())
-    return paths
-
-
-def _check_root_only(paths: list[Path]) -> None:
-    """The user sandbox relies on file permissions: refuse to grade if "others" can read a secret."""
-    for path in paths:
-        if path.exists() and path.stat().st_mode & 0o005:
-            raise RuntimeError(f"sandbox misconfigured: {path} is readable by other users; run "
-                               f"`chmod -R go-rwx {path}` (autograder/gradescope/setup.sh does this)")
-
-
-def _zero(number: int, check: checks.Check, cfg: GradingConfig, message: str) -> CheckResult:
+def _zero(number: int, check: Check, cfg: GradingConfig, message: str) -> CheckResult:
     c = cfg.exercises[number][check.id]
     return CheckResult(number, check.id, check.description, 0.0, c.points, c.visibility, message)
 
 
-def _describe_error(reply: dict) -> str:
-    return checks.StudentError(reply).describe()
+def _evaluate(number: int, case, context: dict, run: Callable):
+    """(submission's result, reference's result, validation problems) for one case."""
+    ref = []  # computed while the worker runs the submission
+    if number == 5:
+        model = context["model"]
+        sub, problems = update.call_submission(
+            case, model, lambda h, t: run(h, t, update.oracle_for(case),
+                                          lambda: ref.append(update.run_reference(model, case))))
+    else:
+        ex = exercise(number)
+        sub, problems = calls.call_submission(
+            ex, case, lambda h, t: run(h, t, None, lambda: ref.append(calls.call_reference(ex, case))))
+    return sub, (ref[0] if ref else None), problems
 
 
-def _grade_exercise(number, exercise_checks, cfg, workers, context, secret, callable_names) -> list[CheckResult]:
-    name = EXERCISES[number - 1]
-    if name not in callable_names:
-        return [_zero(number, c, cfg, f"the submission defines no function {name}") for c in exercise_checks]
-    results, fatal = [], None
-    for check in exercise_checks:
-        if fatal:
-            results.append(_zero(number, check, cfg, fatal))
-            continue
-        result, fatal = _run_check(number, check, cfg, workers, context, secret)
-        results.append(result)
-    return results
-
-
-def _run_check(number, check: checks.Check, cfg: GradingConfig, workers: _Workers, context, secret):
-    """Run one check; return (result, message that fails the rest of the exercise or None)."""
+def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, workers: _Workers, context: dict,
+               base_seed: int) -> tuple[CheckResult, str | None]:
+    """Run one check; return (result, message that fails the rest of the exercise's phase, or None)."""
     c = cfg.exercises[number][check.id]
-    tol = Tolerance(c.rtol, c.atol)
-    hidden = check.id == HIDDEN
-    base = secret if hidden else cfg.seeds.public
-    role = "update" if number == 5 else "call"
     timeout = cfg.worker.update_timeout_s if number == 5 else cfg.worker.call_timeout_s
-    last: list[_Failed] = []
+    failures: list[_Failed] = []
 
-    def run(header, tensors, meanwhile=None):
+    def run(header, tensors, oracle, meanwhile):
         try:
-            return workers.get(role).request(header, tensors, timeout, oracle=checks.oracle if number == 5 else None,
-                                             meanwhile=meanwhile)
+            return get_worker().request(header, tensors, timeout, oracle=oracle, meanwhile=meanwhile)
         except (WorkerDied, WorkerTimeout) as err:
-            workers.drop(role)
+            workers.drop()
             raise _Abort(f"{err}; the remaining checks of this exercise were not run", fatal=True) from None
 
-    def evaluate(case):
-        ref = []  # computed while the worker runs the submission
-        if number == 5:
-            sub, problems = checks.call_submission_update(
-                case, context["model"],
-                lambda h, t: run(h, t, lambda: ref.append(checks.run_reference_update(context["model"], case))))
-        else:
-            spec = checks.SPECS[number]
-            sub, problems = checks.call_submission(
-                spec, case, lambda h, t: run(h, t, lambda: ref.append(checks.call_reference(spec, case))))
-        if not problems:
-            problems = check.compare(case, ref[0], sub, tol)
-        return sub, problems, ref[0] if ref else None
-
-    @hypothesis_seed(_seed_for(base, number, check.id))
+    @hypothesis_seed(_seed_for(base_seed, number, check.id))
     @settings(max_examples=c.examples, derandomize=True, database=None, deadline=None, print_blob=False,
               verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
               phases=(Phase.generate, Phase.shrink))
     @given(check.strategy(context))
     def prop(case):
-        reference = None
+        sub = ref = None
         try:
-            sub, problems, reference = evaluate(case)
-        except checks.StudentError as err:
-            if err.reply.get("type") == "NotImplementedError":
-                raise _Abort(f"not implemented: {err.reply.get('message')}", fatal=True) from None
-            if err.reply.get("type") == "MemoryError":
+            sub, ref, problems = _evaluate(number, case, context, run)
+            kind = "invalid"
+            if not problems:
+                problems, kind = check.compare(case, ref, sub, c.ulps), "mismatch"
+        except calls.StudentError as err:
+            kind = err.reply.get("type")
+            if kind == "NotImplementedError":
+                raise _Abort(f"not implemented: {err.reply.get('message')}", fatal=True, kind="not implemented") from None
+            if kind == "MemoryError":
                 raise _Abort(f"ran out of memory (the worker's cap is {cfg.worker.memory_mb} MiB): "
                              f"{err.reply.get('message')}; the remaining checks of this exercise were not run",
                              fatal=True) from None
-            sub, problems = None, [_describe_error(err.reply)]
+            problems, kind = [err.describe()], "error"
         if problems:
-            failure = _Failed(case, problems, sub, reference)
-            last.append(failure)
-            if len(last) > cfg.hypothesis.shrink_calls:
+            failures.append(_Failed(case, problems, kind, sub, ref))
+            if len(failures) > cfg.hypothesis.shrink_calls:
                 raise _Abort("", fatal=False)  # enough shrinking: report the smallest failure so far
-            raise failure
+            raise failures[-1]
 
-    feedback, fatal = "", None
+    fatal = None
     try:
         prop()
-        score = c.points
+        score, feedback = c.points, ""
     except _Failed as failure:
-        score, feedback = 0.0, _feedback(number, check, failure, tol, hidden, context)
+        score, feedback = 0.0, _feedback(number, check, failure, c.ulps, context)
     except _Abort as abort:
         score = 0.0
-        if last and not abort.fatal:
-            feedback = _feedback(number, check, last[-1], tol, hidden, context)
+        if failures and not abort.fatal:
+            feedback = _feedback(number, check, failures[-1], c.ulps, context)
+        elif check.hidden:
+            feedback, fatal = _hidden_feedback(number, abort.kind), abort.message
         else:
             feedback, fatal = abort.message, (abort.message if abort.fatal else None)
     except HypothesisException as err:  # e.g. Flaky: the submission is not deterministic
-        score, feedback = 0.0, f"the check could not conclude ({type(err).__name__}): results differ between runs " \
-                               "of the same input; make the function deterministic"
+        score, feedback = 0.0, f"the check could not conclude ({type(err).__name__}): results differ between " \
+                               "runs of the same input; make the function deterministic"
     return CheckResult(number, check.id, check.description, score, c.points, c.visibility, feedback), fatal
 
 
-def _feedback(number, check, failure: _Failed, tol, hidden: bool, context) -> str:
-    if hidden:
-        return ("failed on an input from the hidden set: " + failure.problems[0].split(":")[0]
-                + ". The visible checks of this exercise show the details.")
-    lines = ["Counterexample (shrunk):", _indent(failure.case.describe()), *failure.problems]
+def _hidden_feedback(number: int, kind: str) -> str:
+    """Only the grader's own words: a hidden check's feedback never carries student text."""
+    return (f"failed on the hidden inputs: {HIDDEN_FEEDBACK.get(kind, HIDDEN_FEEDBACK['error'])}. "
+            f"The visible checks of exercise {number} show the details on inputs you can see.")
+
+
+def _feedback(number: int, check: Check, failure: _Failed, ulps: float, context: dict) -> str:
+    if check.hidden:
+        return _hidden_feedback(number, failure.kind)
+    problems = failure.problems
+    if len(problems) > MAX_PROBLEM_LINES:
+        problems = problems[:MAX_PROBLEM_LINES] + [f"... and {len(problems) - MAX_PROBLEM_LINES} more differences"]
+    lines = ["Counterexample (shrunk):", _indent(failure.case.describe()), *problems]
+    if failure.kind == "mismatch":
+        if number == 5:
+            hint = update.hint(failure.case, failure.submitted, context["model"], check.compare, ulps)
+        else:
+            hint = MODULES[number].hint(failure.case, failure.submitted, failure.reference, ulps)
+        if hint:
+            lines.append(f"Hint: {hint}.")
     if number == 5:
-        hint = hints.suggest_update(
-            failure.case, failure.submitted, lambda v: checks.run_reference_update(context["model"], v),
-            check.compare, tol)
-    else:
-        hint = hints.suggest(number, failure.case, failure.submitted, failure.reference, tol)
-    if hint:
-        lines.append(f"Hint: {hint}.")
+        lines += ["To rerun this case yourself (your exercises 1-3 stand in for the reference's):",
+                  _indent(failure.case.snippet())]
     return "\n".join(lines)
 
 
@@ -338,6 +339,6 @@ def _indent(text: str) -> str:
 
 
 def nothing_to_grade(cfg: GradingConfig, message: str) -> GradingResult:
-    """Every check at 0 with ``message``: the file cannot be graded (missing, not text, too big)."""
-    results = [_zero(n, c, cfg, message) for n in checks.CHECKS for c in checks.CHECKS[n]]
+    """Every check at 0 with ``message``: the file cannot be graded (missing, a link, not text, too big)."""
+    results = [_zero(n, c, cfg, message) for n in CHECKS for c in CHECKS[n]]
     return GradingResult(results, {"grader_version": __version__}, 0.0, [message])

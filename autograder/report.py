@@ -12,7 +12,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from assignment import EXERCISES
+from assignment.contract import exercise
 
 from .grade import CheckResult, GradingResult
 
@@ -20,7 +20,11 @@ from .grade import CheckResult, GradingResult
 def test_name(c: CheckResult) -> str:
     if c.exercise == 0:
         return f"Training check: {c.check}"
-    return f"Exercise {c.exercise} ({EXERCISES[c.exercise - 1]}): {c.check}"
+    return f"Exercise {c.exercise} ({exercise(c.exercise).name}): {c.check}"
+
+
+def _title(number: int) -> str:
+    return "training check" if number == 0 else f"exercise {number} ({exercise(number).name})"
 
 
 def to_gradescope(result: GradingResult) -> dict:
@@ -36,7 +40,7 @@ def to_gradescope(result: GradingResult) -> dict:
     return {
         "score": result.score,
         "execution_time": result.execution_time,
-        "output": summary(result),
+        "output": summary(result, include_hidden=False),
         "tests": tests,
         "extra_data": result.extra,
     }
@@ -58,34 +62,37 @@ def write_json_atomic(data: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def summary(result: GradingResult) -> str:
-    lines = [f"Total: {result.score:g} / {result.max_score:g}"]
-    for number in sorted({c.exercise for c in result.checks}):
-        got = sum(c.score for c in result.checks if c.exercise == number)
-        out_of = sum(c.max_score for c in result.checks if c.exercise == number)
-        name = "training check" if number == 0 else f"exercise {number} ({EXERCISES[number - 1]})"
-        lines.append(f"  {name}: {got:g} / {out_of:g}")
-    lines += [f"Note: {n}" for n in result.notes]
+def summary(result: GradingResult, include_hidden: bool = True) -> str:
+    """Totals per exercise. Students read it without the hidden checks (results.json's output):
+    those are scored now and reported when the staff publish grades."""
+    shown = [c for c in result.checks if include_hidden or c.visibility == "visible"]
+    label = "Total" if include_hidden else "Visible checks"
+    lines = [f"{label}: {sum(c.score for c in shown):g} / {sum(c.max_score for c in shown):g}"]
+    for number in sorted({c.exercise for c in shown}):
+        rows = [c for c in shown if c.exercise == number]
+        lines.append(f"  {_title(number)}: {sum(c.score for c in rows):g} / {sum(c.max_score for c in rows):g}")
+    hidden = [c for c in result.checks if c.visibility != "visible"]
+    if hidden and not include_hidden:
+        lines.append(f"Hidden checks ({sum(c.max_score for c in hidden):g} points) are graded now and shown "
+                     "when grades are published.")
     return "\n".join(lines)
 
 
-def terminal(result: GradingResult, show_hidden: bool = True) -> str:
-    """A table per exercise, with the feedback of each failed check under it."""
+def terminal(result: GradingResult) -> str:
+    """A table per exercise, hidden checks included (the TA's view), with the feedback of each
+    failed check under it."""
     out = []
     for number in sorted({c.exercise for c in result.checks}):
         rows = [c for c in result.checks if c.exercise == number]
         got, out_of = sum(c.score for c in rows), sum(c.max_score for c in rows)
-        title = "Training check" if number == 0 else f"Exercise {number}: {EXERCISES[number - 1]}"
+        title = _title(number).capitalize()
         out.append(f"{title:<66}{got:>6g} / {out_of:g}")
         width = max(len(c.check) for c in rows)
         for c in rows:
-            if c.visibility != "visible" and not show_hidden:
-                continue
             mark = "PASS" if c.passed else "FAIL"
             out.append(f"  {mark}  {c.check:<{width}}  {c.score:>4g}/{c.max_score:<4g} {c.description}")
             if c.feedback and not c.passed:
                 out += ["          " + line for line in c.feedback.splitlines()]
         out.append("")
     out.append(f"{'TOTAL':<66}{result.score:>6g} / {result.max_score:g}")
-    out += [f"Note: {n}" for n in result.notes]
     return "\n".join(out)

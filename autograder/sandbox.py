@@ -1,33 +1,43 @@
-"""Start and talk to worker processes that run untrusted submissions.
+"""Run untrusted submissions in worker processes, isolated as well as the machine allows.
 
-Isolation strategies, strongest first (``detect_strategy`` picks one, results.json records it):
+A grading gets a *stage*: a fresh world-readable folder holding a copy of the worker package
+(``ppo_worker``), a copy of the student-facing package ``assignment`` and the submission.
+Workers import only from the stage and the Python environment, never from the project tree,
+so the project tree (the solution, the grader, grading.yaml, .git, the README) can be hidden
+from them entirely. A fork server (worker/zygote.py) imports torch once in the stage and forks
+one fresh worker per request; each worker drops to the sandbox's privileges before it reads
+the submission.
 
-namespaces  root and ``unshare`` works (a VM, a TA's machine as root). The worker gets new
-            mount, PID and network namespaces; the whole filesystem is remounted read-only,
-            the solution, the grader's own package, grading.yaml and the hidden-seed file are
-            covered by empty mounts, and a private tmpfs is the only writable place. Then
-            every capability is dropped (setpriv, no_new_privs): it cannot unmount, cannot see
-            or signal the grader, has no network.
-user        root but no namespaces (Gradescope's Docker). The worker runs as an unprivileged
-            user, which setup.sh creates; solution and grader files are readable by root only.
-process     not root. The worker is a separate process with resource limits and a scrubbed
-            environment, but it runs as the grading user and could read what that user can:
-            use it to check your own files, not to grade untrusted ones.
+Strategies, strongest first (``detect_strategy`` picks one; results.json records it):
 
-Every strategy adds: a private protocol pipe (stdout/stderr go to /dev/null, so printing
-counts for nothing), an address-space cap, per-call timeouts, and killing the whole process
-group (or PID namespace) on timeout or at the end.
+namespaces  root and ``unshare`` works (a VM, a TA's machine as root). The server runs in new
+            mount, PID and network namespaces with the filesystem read-only, everything in the
+            project tree but the Python environment covered by empty mounts, a private tmpfs
+            as the only writable place, and every capability dropped. It is the namespace's
+            init, so no worker can kill it, and ending it ends every process a worker started.
+user        root without namespaces (Gradescope's Docker has no CAP_SYS_ADMIN). The server stays
+            root; each worker becomes the unprivileged sandbox user (setup.sh creates it) with
+            RLIMIT_NPROC set, and the project tree must be unreadable to that user (setup.sh
+            makes it root-only; the grader checks). After every worker, every process of that
+            user is killed, so a double-forked daemon cannot outlive it.
+process     not root. Workers run as your own user: they could read your files and signal the
+            grader. Use it to check your own code, never to grade untrusted submissions.
+
+Every strategy adds: a private socket per worker (stdout/stderr go to /dev/null, so printing
+counts for nothing), an address-space cap, per-call timeouts, a seccomp filter that refuses
+network sockets where libseccomp is available, and killing each worker's process group (and,
+between workers, every process the sandbox holds).
 """
 
 from __future__ import annotations
 
 import os
 import pwd
-import resource
 import select
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -37,9 +47,18 @@ from pathlib import Path
 
 import torch
 
+import assignment
+
 from .worker import protocol
 
 WORKER_PACKAGE = Path(__file__).resolve().parent / "worker"
+STUDENT_PACKAGE = Path(assignment.__file__).resolve().parent
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+class GraderFailure(RuntimeError):
+    """The grader could not run the submission at all: its installation or sandbox is broken.
+    Never the student's fault; the CLI exits 1 and results.json says so."""
 
 
 class WorkerDied(RuntimeError):
@@ -53,8 +72,9 @@ class WorkerTimeout(RuntimeError):
 @dataclass(frozen=True)
 class Limits:
     memory_mb: int
-    import_timeout_s: float
+    start_timeout_s: float
     threads: int
+    nproc: int
 
 
 def _unshare_works() -> bool:
@@ -79,82 +99,212 @@ def detect_strategy(requested: str, sandbox_user: str) -> str:
     return "process"
 
 
-def _limit_resources(memory_mb: int) -> None:
-    """preexec_fn: caps that hold whatever the strategy."""
-    cap = memory_mb * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 2**20, 64 * 2**20))
+def secret_paths(extra: list[Path]) -> list[Path]:
+    """What no worker may read: every entry of the project tree except the Python environment
+    the grader runs in (which may live inside it, e.g. .venv), plus ``extra`` (grading.yaml
+    passed by --config, the hidden-seed file)."""
+    prefix = Path(sys.prefix).resolve()
+    inside = [p for p in PROJECT_ROOT.iterdir() if not (prefix == p.resolve() or p.resolve() in prefix.parents)]
+    return sorted({p.resolve() for p in inside + [Path(e) for e in extra] if p.exists()})
 
 
-class Worker:
-    """One worker process running one submission; ``request`` sends a frame and waits."""
+def check_unreadable(paths: list[Path], user: str) -> None:
+    """The user strategy relies on file modes: refuse to grade if ``user`` could reach a secret."""
+    account = pwd.getpwnam(user)
+    for path in paths:
+        if _reachable(path, account):
+            raise GraderFailure(f"sandbox misconfigured: {path} is readable by the sandbox user {user}; run "
+                                f"`chmod -R go-rwx {path}` (autograder/gradescope/setup.sh does this)")
 
-    def __init__(self, submission: Path, limits: Limits, strategy: str, hide: list[Path], sandbox_user: str,
-                 preload: bool = False):
-        self.limits = limits
-        self.preload = preload
-        self.strategy = strategy
+
+def _reachable(path: Path, account: pwd.struct_passwd) -> bool:
+    """Whether ``account`` can search every folder above ``path`` and read or search ``path``."""
+
+    def bits(p: Path) -> int:  # the rwx bits that apply to the account: owner's, group's or others'
+        st = p.stat()
+        shift = 6 if st.st_uid == account.pw_uid else 3 if st.st_gid == account.pw_gid else 0
+        return (st.st_mode >> shift) & 0o7
+
+    return all(bits(parent) & 0o1 for parent in path.parents) and bool(bits(path) & 0o5)
+
+
+def _copy_public(src: Path, dst: Path) -> None:
+    """Copy a package with modes anyone can read, whatever the source's modes are (setup.sh
+    makes the project tree root-only; the copy must stay readable by the sandbox user)."""
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for folder, dirs, files in os.walk(dst):
+        os.chmod(folder, 0o755)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o644)
+
+
+class Sandbox:
+    """One grading's stage and fork server; ``spawn`` starts a fresh worker in it."""
+
+    def __init__(self, source: str, limits: Limits, strategy: str, hide: list[Path], sandbox_user: str,
+                 deny_network: bool = True):
+        """Stage ``source`` and start the fork server; its hello is awaited by the first spawn."""
+        self.limits, self.strategy = limits, strategy
         self.stage = Path(tempfile.mkdtemp(prefix="ppo-grade-"))
-        shutil.copytree(WORKER_PACKAGE, self.stage / "ppo_worker", ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copyfile(submission, self.stage / "submission.py")
-        self.scratch = self.stage / "scratch"
-        self.scratch.mkdir()
         os.chmod(self.stage, 0o755)
-        self.proc: subprocess.Popen | None = None
-        self.import_error: dict | None = None
-        self.ready = False
-        self.callable: list[str] = []
-        self._start(hide, sandbox_user)
+        _copy_public(WORKER_PACKAGE, self.stage / "ppo_worker")
+        _copy_public(STUDENT_PACKAGE, self.stage / "assignment")
+        self.submission = self.stage / "submission.py"
+        self.submission.write_text(source, encoding="utf-8")
+        os.chmod(self.submission, 0o644)
+        scratch = self.stage / "scratch"
+        scratch.mkdir(mode=0o700)
+        self.uid = self.gid = -1
+        if strategy == "user":
+            account = pwd.getpwnam(sandbox_user)
+            self.uid, self.gid = account.pw_uid, account.pw_gid
+            os.chown(scratch, self.uid, self.gid)
+        self._owed = 0  # control replies not yet read (preload runs while the grader works)
+        self._start_server(hide, deny_network)
 
-    def _start(self, hide: list[Path], sandbox_user: str) -> None:
-        to_child_r, to_child_w = os.pipe()
-        from_child_r, from_child_w = os.pipe()
-        python = [sys.executable, "-E", "-s", "-m", "ppo_worker", "--submission", str(self.stage / "submission.py"),
-                  "--fd-in", str(to_child_r), "--fd-out", str(from_child_w), "--threads", str(self.limits.threads)]
-        if self.preload:
-            python.append("--preload")
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.scratch), "TMPDIR": str(self.scratch),
-               "OMP_NUM_THREADS": str(self.limits.threads), "MKL_NUM_THREADS": str(self.limits.threads),
+    # ---- the fork server ------------------------------------------------------------------
+
+    def _start_server(self, hide: list[Path], deny_network: bool) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        python = [sys.executable, "-E", "-s", "-m", "ppo_worker", "--control", str(theirs.fileno()),
+                  "--strategy", self.strategy, "--uid", str(self.uid), "--gid", str(self.gid),
+                  "--memory-mb", str(self.limits.memory_mb), "--nproc", str(self.limits.nproc),
+                  "--threads", str(self.limits.threads)] + (["--deny-network"] if deny_network else [])
+        threads = str(self.limits.threads)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.stage / "scratch"),
+               "TMPDIR": str(self.stage / "scratch"), "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false"}
-        if self.strategy == "namespaces":
-            cmd = self._namespace_command(python, hide)
-        elif self.strategy == "user":
-            user = pwd.getpwnam(sandbox_user)
-            os.chown(self.scratch, user.pw_uid, user.pw_gid)
-            cmd = ["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
-                   "--no-new-privs", "--", *python]
-        else:
-            cmd = python
-        self.proc = subprocess.Popen(
-            cmd, cwd=self.stage, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, pass_fds=(to_child_r, from_child_w), start_new_session=True,
-            preexec_fn=lambda: _limit_resources(self.limits.memory_mb))
-        os.close(to_child_r)
-        os.close(from_child_w)
-        self.fd_out, self.fd_in = to_child_w, from_child_r
+               "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
+        cmd = self._namespace_command(python, hide) if self.strategy == "namespaces" else python
+        self.server = subprocess.Popen(cmd, cwd=self.stage, env=env, stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       pass_fds=(theirs.fileno(),), start_new_session=True)
+        theirs.close()
+        self.control = ours
+        self._hello = False
+
+    def _await_hello(self) -> None:
+        """The server's hello comes once it has imported torch; the grader works meanwhile."""
+        if not self._hello:
+            hello = self._reply(self.limits.start_timeout_s, "starting the fork server (importing torch)")
+            if hello.get("op") != "hello":
+                raise GraderFailure(f"the fork server answered {hello.get('op')!r} instead of its hello")
+            self._hello = True
 
     def _namespace_command(self, python: list[str], hide: list[Path]) -> list[str]:
         steps = ["set -e", "mount --make-rprivate /", "mount -o remount,bind,ro /"]
         for path in hide:
             if path.is_dir():
                 steps.append(f"mount -t tmpfs -o size=4k,mode=000 tmpfs {shlex.quote(str(path))}")
-            elif path.exists():
+            else:
                 steps.append(f"mount --bind /dev/null {shlex.quote(str(path))}")
-        steps.append(f"mount -t tmpfs -o size=512m,mode=1777 tmpfs {shlex.quote(str(self.scratch))}")
+        steps.append(f"mount -t tmpfs -o size=512m,mode=1777 tmpfs {shlex.quote(str(self.stage / 'scratch'))}")
         steps.append("exec setpriv --bounding-set=-all --inh-caps=-all --no-new-privs -- "
                      + " ".join(shlex.quote(p) for p in python))
         return ["unshare", "--mount", "--pid", "--net", "--fork", "--mount-proc", "--kill-child",
                 "sh", "-c", "; ".join(steps)]
 
+    def _reply(self, timeout_s: float, what: str) -> dict:
+        ready, _, _ = select.select([self.control], [], [], timeout_s)
+        if not ready:
+            raise GraderFailure(f"{what} took longer than {timeout_s:g} s")
+        try:
+            message, fds = protocol.receive_control(self.control, max_fds=0)
+        except (EOFError, ConnectionError, protocol.ProtocolError) as err:
+            code = self.server.poll()
+            raise GraderFailure(f"{what}: the fork server stopped ({err}; exit status {code})") from None
+        return message
+
+    def _request(self, message: dict, what: str, fds: tuple[int, ...] = ()) -> dict:
+        self._await_hello()
+        while self._owed:
+            self._reply(self.limits.start_timeout_s, "importing the model code (transformers)")
+            self._owed -= 1
+        protocol.send_control(self.control, message, fds)
+        return self._reply(self.limits.start_timeout_s, what)
+
+    def preload(self) -> None:
+        """Have the server import the model code now, while the grader goes on (exercise 5 needs it)."""
+        self._await_hello()
+        protocol.send_control(self.control, {"op": "preload"})
+        self._owed += 1
+
+    def spawn(self, role: str) -> "Worker":
+        """A fresh worker that has said hello (GraderFailure if it cannot) and is importing the submission."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            reply = self._request({"op": "spawn", "role": role, "submission": str(self.submission)},
+                                  f"starting the {role} worker", (theirs.fileno(),))
+        finally:
+            theirs.close()
+        worker = Worker(self, ours, int(reply["pid"]), role)
+        worker.wait_hello()
+        return worker
+
+    def kill(self, pid: int) -> int | None:
+        """SIGKILL a worker's process group and reap it; its exit status."""
+        return self._request({"op": "kill", "pid": pid}, "stopping a worker").get("status")
+
+    def kill_all(self) -> None:
+        """End every process a worker left behind (see the module docstring)."""
+        self._request({"op": "killall"}, "stopping every sandboxed process")
+
+    def close(self) -> None:
+        """Kill every worker process, then the server itself (nothing of it needs a clean exit:
+        an interpreter with torch and transformers takes a second to tear down)."""
+        try:
+            self.kill_all()
+        except GraderFailure:
+            pass
+        self.control.close()
+        try:
+            os.killpg(self.server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.server.wait()
+        shutil.rmtree(self.stage, ignore_errors=True)
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class Worker:
+    """One worker process running one submission; ``request`` sends a frame and waits."""
+
+    def __init__(self, sandbox: Sandbox, sock: socket.socket, pid: int, role: str):
+        self.sandbox, self.sock, self.pid, self.role = sandbox, sock, pid, role
+        self.fd = sock.fileno()
+        self.network = "unknown"
+        self.import_error: dict | None = None
+        self.callable: list[str] = []
+        self.ready = False
+        self.alive = True
+
+    def wait_hello(self) -> None:
+        """The worker's first frame, sent as the sandbox user before it touches the submission."""
+        try:
+            header, _ = self._receive(self.sandbox.limits.start_timeout_s, "starting the worker")
+        except (WorkerDied, WorkerTimeout) as err:
+            raise GraderFailure(f"the {self.role} worker never said hello: {err}") from None
+        if header.get("op") != "hello" or header.get("error"):
+            self.kill()
+            raise GraderFailure(f"the {self.role} worker could not start: {header.get('error', header.get('op'))}")
+        self.network = str(header.get("network", "unknown"))
+
     def wait_ready(self) -> None:
-        """Wait for the handshake; afterwards ``import_error`` says whether the import failed."""
-        header, _ = self._receive(self.limits.import_timeout_s, "starting and importing the submission")
-        if header.get("op") != "ready":
-            raise WorkerDied("the worker sent something other than its handshake")
-        self.import_error = header.get("import_error")
-        self.callable = list(header.get("callable", []))
+        """Wait for the import of the submission; afterwards ``import_error`` says how it went.
+        Dying or hanging here is the submission's doing (it runs its module code)."""
+        try:
+            header, _ = self._receive(self.sandbox.limits.start_timeout_s, "importing the submission")
+            if header.get("op") != "ready":
+                raise WorkerDied("the worker sent something other than the result of the import")
+            self.import_error = header.get("import_error")
+            self.callable = list(header.get("callable", []))
+        except (WorkerDied, WorkerTimeout) as err:
+            self.import_error = {"type": type(err).__name__, "message": str(err), "where": []}
         self.ready = True
 
     def request(self, header: dict, tensors: dict[str, torch.Tensor], timeout_s: float,
@@ -165,10 +315,9 @@ class Worker:
         overlaps the worker's.
         """
         try:
-            protocol.send(self.fd_out, header, tensors)
-        except (BrokenPipeError, OSError):
-            self.kill()
-            raise WorkerDied("the worker exited before the request could be sent") from None
+            protocol.send(self.fd, header, tensors)
+        except OSError:
+            raise WorkerDied(self._death("the worker exited before the request could be sent")) from None
         deadline = time.monotonic() + timeout_s
         if meanwhile is not None:
             meanwhile()
@@ -177,53 +326,47 @@ class Worker:
             if reply.get("op") != "oracle":
                 return reply, reply_tensors
             if oracle is None:
-                self.kill()
-                raise WorkerDied("the worker asked for the reference outside exercise 5")
+                raise WorkerDied(self._death("the worker asked for the reference outside exercise 5"))
             answer, answer_tensors = oracle(reply, reply_tensors)
-            protocol.send(self.fd_out, answer, answer_tensors)
+            protocol.send(self.fd, answer, answer_tensors)
 
     def _receive(self, timeout_s: float, what: str) -> tuple[dict, dict]:
-        ready, _, _ = select.select([self.fd_in], [], [], max(timeout_s, 0.0))
+        ready, _, _ = select.select([self.fd], [], [], max(timeout_s, 0.0))
         if not ready:
             self.kill()
             raise WorkerTimeout(f"{what} took longer than its time limit")
         try:
-            return protocol.receive(self.fd_in)
+            return protocol.receive(self.fd)
         except (EOFError, protocol.ProtocolError, OSError) as err:
-            code = self.kill()
-            raise WorkerDied(_death_reason(code, err)) from None
+            raise WorkerDied(self._death(_reason(err))) from None
+
+    def _death(self, reason: str) -> str:
+        code = self.kill()
+        return _death_reason(code, reason)
 
     def kill(self) -> int | None:
-        """Kill the worker's whole process group; return its exit status."""
-        if self.proc is None:
+        """Kill the worker's process group and reap it; its exit status (None if unknown)."""
+        if not self.alive:
             return None
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            code = None
-        for fd in (self.fd_in, self.fd_out):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.proc = None
-        return code
+        self.alive = False
+        self.sock.close()
+        return self.sandbox.kill(self.pid)
 
     def close(self) -> None:
+        """Kill this worker and everything the sandbox still holds (no process outlives a worker)."""
         self.kill()
-        shutil.rmtree(self.stage, ignore_errors=True)
+        self.sandbox.kill_all()
 
 
-def _death_reason(code: int | None, err: BaseException) -> str:
+def _reason(err: BaseException) -> str:
     if isinstance(err, protocol.ProtocolError):
         return f"the worker broke the protocol ({err})"
+    return "the worker stopped answering"
+
+
+def _death_reason(code: int | None, reason: str) -> str:
     if code is None:
-        return "the worker stopped answering"
+        return reason
     if code < 0:
         name = signal.Signals(-code).name
         extra = " (likely over the memory cap)" if -code in (signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT) else ""

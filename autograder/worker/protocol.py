@@ -1,8 +1,12 @@
-"""The wire format between the grader and its worker: JSON headers and safetensors payloads.
+"""The wire formats between the grader, its fork server and its workers. No pickle anywhere.
 
-Nothing executable crosses the pipe (no pickle): a frame is a JSON object plus a safetensors
-blob of named tensors, each length-prefixed. Both sides validate what they read; a malformed
-frame raises ProtocolError.
+Worker channel (a stream socket per worker): a frame is a JSON object plus a safetensors blob
+of named tensors, each length-prefixed. Both sides validate what they read; a malformed frame
+raises ProtocolError.
+
+Control channel (one SOCK_SEQPACKET socket between the grader and the fork server): one JSON
+object per message, optionally carrying file descriptors (SCM_RIGHTS): the grader hands the
+server the child's end of each new worker channel that way.
 
 This module is copied into the worker's sandbox with the rest of this package, so it imports
 nothing from the project.
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import struct
 
 import torch
@@ -71,3 +76,30 @@ def receive(fd: int) -> tuple[dict, dict[str, torch.Tensor]]:
     except Exception as err:  # safetensors raises its own error types
         raise ProtocolError(f"payload is not safetensors: {err}") from None
     return header, tensors
+
+
+MAX_CONTROL = 1 << 16
+
+
+def send_control(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
+    """Send one control message, with ``fds`` attached."""
+    data = json.dumps(message).encode()
+    if len(data) > MAX_CONTROL:
+        raise ProtocolError(f"control message of {len(data)} bytes")
+    socket.send_fds(sock, [data], list(fds)) if fds else sock.sendall(data)
+
+
+def receive_control(sock: socket.socket, max_fds: int = 1) -> tuple[dict, list[int]]:
+    """Receive one control message and the descriptors it carries; EOFError when closed."""
+    data, fds, _, _ = socket.recv_fds(sock, MAX_CONTROL, max_fds)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        raise EOFError("control channel closed")
+    try:
+        message = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ProtocolError(f"control message is not JSON: {err}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError("control message is not an object")
+    return message, fds

@@ -1,4 +1,9 @@
-"""Worker process: load the submission by path and answer the grader's requests.
+"""One worker, forked by the server (zygote.py): drop privileges, say hello, load the submission
+by path, answer the grader's requests.
+
+The hello comes after the worker has become the sandbox user and before it imports the
+submission: a worker that never says hello is the grader's failure (a broken installation, a
+copy it cannot read), one that fails after it is the submission's.
 
 Requests (JSON header + safetensors payload, see protocol.py):
     call    run one of exercises 1-4 on the given tensors; optionally differentiate output 0
@@ -9,9 +14,12 @@ grader can validate it; the values travel as plain tensors.
 
 from __future__ import annotations
 
-import argparse
+import ctypes
+import errno
 import importlib.util
 import os
+import resource
+import socket
 import sys
 import traceback
 from types import ModuleType, SimpleNamespace
@@ -20,7 +28,13 @@ import torch
 
 from . import protocol
 
+try:  # imported by the server, before any fork; a platform without libseccomp keeps its network
+    import pyseccomp as seccomp
+except Exception:  # OSError when libseccomp.so is missing
+    seccomp = None
+
 SUBMISSION_NAME = "submission"
+PR_SET_NO_NEW_PRIVS = 38
 
 
 def _load_submission(path: str) -> ModuleType:
@@ -70,26 +84,40 @@ def _call(module: ModuleType, header: dict, tensors: dict) -> tuple[dict, dict]:
         kwargs[name] = t
     out = fn(**kwargs)
     reply_tensors: dict[str, torch.Tensor] = {}
-    reply = {"op": "result", "output": _describe(out, "out", reply_tensors), "grads": {}}
+    reply = {"op": "result", "output": _describe(out, "out", reply_tensors)}
     grad_wrt = header.get("grad_wrt", [])
     first = out[0] if isinstance(out, (tuple, list)) and out else out
     if grad_wrt and isinstance(first, torch.Tensor) and first.requires_grad and first.numel() == 1:
         inputs = [kwargs[n] for n in grad_wrt]
         grads = torch.autograd.grad(first.sum(), inputs, allow_unused=True)
         for n, g in zip(grad_wrt, grads):
-            reply["grads"][n] = g is not None
             if g is not None:
                 reply_tensors[f"grad.{n}"] = g.detach().as_subclass(torch.Tensor).clone()
     return reply, reply_tensors
+
+
+class _WithGradient(torch.autograd.Function):
+    """A tensor equal to ``value`` whose gradient w.r.t. ``x`` is ``grad``: the reference's loss
+    and gradient, computed by the grader, standing in for student code. Infinite gradients pass
+    through as they are (a sum of (x - x) * grad would turn them into NaN)."""
+
+    @staticmethod
+    def forward(ctx, x, value, grad):
+        ctx.save_for_backward(grad)
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (grad,) = ctx.saved_tensors
+        return grad_output * grad, None, None
 
 
 class _Oracle:
     """Stand-ins for exercises 1-3 while exercise 5 is graded.
 
     Each asks the grader for the reference outputs and the gradient of the loss with respect to
-    the differentiable input, then returns ``value + <x - x.detach(), grad>``: a tensor equal to
-    the reference loss whose gradient is exactly the reference gradient. The solution's code
-    never enters this process.
+    the differentiable input; the grader answers only for the current case's own tensors. The
+    solution's code never enters this process.
     """
 
     def __init__(self, fd_in: int, fd_out: int):
@@ -102,10 +130,9 @@ class _Oracle:
         header, tensors = protocol.receive(self.fd_in)
         if header.get("op") != "oracle_result":
             raise RuntimeError(f"the reference for {fn} could not be computed: {header.get('message', '')}")
-        value, grad = tensors["value"], tensors["grad"]
-        loss = value.to(x.dtype if x.dtype.is_floating_point else value.dtype)
-        if x.requires_grad:
-            loss = loss + ((x - x.detach()) * grad.to(x.dtype)).sum().to(loss.dtype)
+        dtype = x.dtype if x.dtype.is_floating_point else tensors["value"].dtype
+        value, grad = tensors["value"].to(dtype), tensors["grad"].to(dtype)
+        loss = _WithGradient.apply(x, value, grad) if x.requires_grad else value
         metrics = [tensors[f"metric.{i}"] for i in range(header["n_metrics"])]
         return (loss, *metrics) if metrics else loss
 
@@ -160,10 +187,10 @@ def _update(module: ModuleType, header: dict, tensors: dict, oracle: _Oracle) ->
 
 def _train(module: ModuleType, header: dict) -> tuple[dict, dict]:
     """The CPU learning check: train the assembled submission on the synthetic task."""
-    from assignment.learning_check import run
+    from assignment.learning_check import run as learning_check
 
     torch.set_num_threads(header["threads"])
-    check = run(module, seed=header["seed"], threshold=header["threshold"])
+    check = learning_check(module, seed=header["seed"], threshold=header["threshold"])
     return {"op": "result", "rewards": [float(r) for r in check.rewards], "first10_mean": check.first10_mean,
             "last10_mean": check.last10_mean, "accuracy_before": check.accuracy_before,
             "accuracy_after": check.accuracy_after, "seconds": check.seconds}, {}
@@ -180,31 +207,77 @@ def _describe_metrics(out) -> dict:
     return {"kind": "dict", "items": items}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--submission", required=True)
-    parser.add_argument("--fd-in", type=int, required=True)
-    parser.add_argument("--fd-out", type=int, required=True)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--preload", action="store_true", help="import the model code (transformers) up front")
-    args = parser.parse_args()
-    fd_in, fd_out = args.fd_in, args.fd_out
-    torch.set_num_threads(args.threads)
-    sys.setrecursionlimit(10_000)
-    if args.preload:
-        import assignment.model  # noqa: F401  (slow: transformers; overlaps the grader's own work)
+def _close_fds_except(keep: int) -> None:
+    """Close every inherited descriptor but stdio (/dev/null) and our channel: the control
+    socket and the other workers' channels must not reach student code."""
+    os.closerange(3, keep)
+    os.closerange(keep + 1, os.sysconf("SC_OPEN_MAX"))
 
+
+def _limit(args) -> None:
+    cap = args.memory_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 2**20, 64 * 2**20))
+    if args.strategy == "user":  # counted per user: bounds every process and thread of the sandbox user
+        resource.setrlimit(resource.RLIMIT_NPROC, (args.nproc, args.nproc))
+
+
+def _drop_privileges(args) -> None:
+    if args.strategy == "user":
+        os.setgroups([])
+        os.setgid(args.gid)
+        os.setuid(args.uid)
+    # No setuid binary can give privileges back to this process or its children.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def _deny_network() -> str:
+    """A seccomp filter: socket() fails for every family but AF_UNIX (the grader's channel is a
+    Unix socket pair that already exists). Returns how the network is closed, for results.json."""
     try:
-        module = _load_submission(args.submission)
+        if seccomp is None:
+            raise ImportError("pyseccomp")
+        rules = seccomp.SyscallFilter(seccomp.ALLOW)
+        rules.add_rule(seccomp.ERRNO(errno.EACCES), "socket", seccomp.Arg(0, seccomp.NE, socket.AF_UNIX))
+        rules.add_rule(seccomp.ERRNO(errno.EACCES), "io_uring_setup")
+        rules.load()
+    except Exception as err:  # no libseccomp, or the platform forbids filters
+        return f"open (seccomp unavailable: {type(err).__name__})"
+    return "seccomp"
+
+
+def run(fd: int, submission: str, role: str, args) -> int:
+    """A forked worker's whole life; returns its exit status. ``role`` is for the logs only."""
+    os.setsid()  # its own process group: the server kills the worker with everything it started
+    _close_fds_except(fd)
+    _limit(args)
+    _drop_privileges(args)
+    network = _deny_network() if args.deny_network else "open"
+    os.environ.update(HOME=os.path.abspath("scratch"), TMPDIR=os.path.abspath("scratch"))
+    try:  # the sandbox user must be able to read its copy: if not, the grader is misconfigured
+        with open(submission, "rb"):
+            pass
+    except OSError as err:
+        protocol.send(fd, {"op": "hello", "error": f"the worker cannot read the submission copy: {err}"})
+        return 1
+    protocol.send(fd, {"op": "hello", "network": network, "role": role, "pid": os.getpid()})
+    try:
+        module = _load_submission(submission)
     except BaseException as err:  # SystemExit and KeyboardInterrupt from student code too
-        protocol.send(fd_out, {"op": "ready", "import_error": _error_reply(err, args.submission)})
-        return
-    protocol.send(fd_out, {"op": "ready", "import_error": None,
-                           "callable": sorted(n for n in dir(module) if callable(getattr(module, n, None)))})
-    oracle = _Oracle(fd_in, fd_out)
+        protocol.send(fd, {"op": "ready", "import_error": _error_reply(err, submission)})
+        return 0
+    protocol.send(fd, {"op": "ready", "import_error": None,
+                       "callable": sorted(n for n in dir(module) if callable(getattr(module, n, None)))})
+    _serve(module, fd, submission)
+    return 0
+
+
+def _serve(module: ModuleType, fd: int, submission: str) -> None:
+    oracle = _Oracle(fd, fd)
     while True:
         try:
-            header, tensors = protocol.receive(fd_in)
+            header, tensors = protocol.receive(fd)
         except EOFError:
             return
         try:
@@ -217,10 +290,5 @@ def main() -> None:
             else:
                 reply, reply_tensors = {"op": "error", "type": "ProtocolError", "message": header["op"], "where": []}, {}
         except BaseException as err:  # the grader decides what an exception costs
-            reply, reply_tensors = _error_reply(err, args.submission), {}
-        protocol.send(fd_out, reply, reply_tensors)
-        os.sched_yield()
-
-
-if __name__ == "__main__":
-    main()
+            reply, reply_tensors = _error_reply(err, submission), {}
+        protocol.send(fd, reply, reply_tensors)

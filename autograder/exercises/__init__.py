@@ -1,0 +1,49 @@
+"""What each exercise is graded on: one module per exercise.
+
+Each module holds, for its exercise: the Hypothesis strategies of its inputs, the error scale
+of every compared quantity (the derivation of its tolerances, see compare.py), its checks, and
+the hints that name known mistakes. A check is a Hypothesis property: for a generated case,
+run the reference here and the submission in the worker, and compare. Checks whose id starts
+with ``hidden`` run on the secret seed, after every visible check, in a fresh worker.
+Points, example counts and ``ulps`` come from grading.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from hypothesis import strategies as st
+
+HIDDEN_PREFIX = "hidden"
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    description: str
+    strategy: Callable[[dict], st.SearchStrategy]  # context (e.g. the grading model) -> strategy
+    compare: Callable[..., list[str]]              # (case, reference, submission, ulps) -> problems
+
+    @property
+    def hidden(self) -> bool:
+        return self.id.startswith(HIDDEN_PREFIX)
+
+
+def fixed(strategy: st.SearchStrategy) -> Callable[[dict], st.SearchStrategy]:
+    """A strategy that needs no context."""
+    return lambda context: strategy
+
+
+def all_of(*compares: Callable[..., list[str]]) -> Callable[..., list[str]]:
+    """Every problem of every comparison."""
+    def compare(case, ref, sub, ulps):
+        return [p for c in compares for p in c(case, ref, sub, ulps)]
+    return compare
+
+
+from . import entropy, gae, policy, update, value  # noqa: E402  (they import Check from here)
+
+MODULES = {1: policy, 2: value, 3: entropy, 4: gae, 5: update}
+CHECKS: dict[int, tuple[Check, ...]] = {n: m.CHECKS for n, m in MODULES.items()}
+CHECK_IDS: dict[int, tuple[str, ...]] = {n: tuple(c.id for c in checks) for n, checks in CHECKS.items()}

@@ -1,0 +1,129 @@
+"""Exercise 1, compute_policy_loss: inputs, error scales, checks and hints.
+
+Error scales (see compare.py), over the n real tokens, with a_t = |new_t| + |old_t|,
+r_t = exp(new_t - old_t) and m_t = |A_t| * max(r_t, clamp(r_t)):
+    loss        mean(m_t * (a_t + n + 8))   casting the inputs and subtracting them perturbs the
+                                            log-ratio by u*a_t, which exp turns into a relative
+                                            error; exp, the products and the clamp add <= 8
+                                            roundings; summing n terms in any order adds < n
+    approx_kl   mean(a_t + (n + 2) |new_t - old_t|)
+    clip_frac   1                           an integer count over n: one rounding
+    gradient    |A_t| r_t (a_t + 8) / n     per real token; exactly 0 on padding
+"""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import strategies as st
+
+from assignment.contract import exercise
+from assignment.helpers import masked_mean
+
+from ..cases import DTYPES, Case, array, away_from, junk, mask_as, padding
+from . import Check, all_of, common, fixed
+
+EXERCISE = exercise(1)
+# Ratios stay this far (relative) from the clip boundaries 1 +- eps: float32 moves a ratio by
+# about 1e-6, so every correct implementation makes the same strict-> decision.
+BOUNDARY_MARGIN = 2e-3
+
+
+@st.composite
+def policy_case(draw, unit_ratio: bool = False) -> Case:
+    mask = draw(padding())
+    B, T = mask.shape
+    dtype = draw(st.sampled_from(DTYPES))
+    eps = draw(st.floats(0.05, 0.5))
+    old = array(draw, (B, T), -8.0, 0.0)
+    if unit_ratio:
+        ratio = torch.ones(B, T, dtype=torch.float64)
+    else:
+        ratio = away_from(torch.exp(array(draw, (B, T), -1.5, 1.5)), [1 - eps, 1 + eps], BOUNDARY_MARGIN)
+    new = (old + torch.log(ratio)).to(dtype)
+    old = old.to(dtype)
+    if unit_ratio:
+        new = old.clone()
+    adv = array(draw, (B, T), -5.0, 5.0).to(dtype)
+    return Case(
+        tensors={
+            "logprobs_new": junk(draw, new, mask, -20.0, 5.0),
+            "logprobs_old": junk(draw, old, mask, -20.0, 5.0),
+            "advantages": junk(draw, adv, mask, -100.0, 100.0),
+            "response_mask": mask_as(draw, mask, dtype),
+        },
+        scalars={"clip_ratio": eps},
+    )
+
+
+def _real(case: Case):
+    """(new, old, A, r, a, m) over real tokens, float64; ratio r, magnitudes a and m as in the docstring."""
+    mask = case.mask
+    new, old, adv = (case.tensors[k].double()[mask] for k in ("logprobs_new", "logprobs_old", "advantages"))
+    eps = case.scalars["clip_ratio"]
+    r = torch.exp(new - old)
+    return new, old, adv, r, new.abs() + old.abs(), adv.abs() * torch.maximum(r, r.clamp(1 - eps, 1 + eps))
+
+
+def scales(case: Case, ref=None) -> dict[str, torch.Tensor]:
+    new, old, adv, r, a, m = _real(case)
+    n = case.n_real
+    grad = torch.zeros(case.mask.shape, dtype=torch.float64)
+    grad[case.mask] = adv.abs() * r * (a + 8) / n
+    return {"loss": (m * (a + n + 8)).mean(), "approx_kl": (a + (n + 2) * (new - old).abs()).mean(),
+            "clip_frac": torch.tensor(1.0, dtype=torch.float64), "grad": grad}
+
+
+def _unit_ratio(case: Case, ref, sub, ulps: float) -> list[str]:
+    """With logprobs_new == logprobs_old: loss = -token-mean(A), clip_frac = approx_kl = 0."""
+    adv = case.tensors["advantages"].double()[case.mask]
+    zero = torch.zeros((), dtype=torch.float64)
+    closed = type(ref)({"loss": -adv.mean(), "clip_frac": zero, "approx_kl": zero}, {}, None)
+    return common.outputs(scales, "loss", "clip_frac", "approx_kl")(case, closed, sub, ulps)
+
+
+def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
+    mask = case.mask
+    new, old, adv = (case.tensors[k].double() for k in ("logprobs_new", "logprobs_old", "advantages"))
+    eps = case.scalars["clip_ratio"]
+    r = torch.exp(new - old)
+    un, cl = -adv * r, -adv * r.clamp(1 - eps, 1 + eps)
+    m = mask.double()
+    row_means = (torch.where(mask, torch.maximum(un, cl), 0.0).sum(1) / m.sum(1))[m.sum(1) > 0].mean()
+    return [
+        ("loss", masked_mean(torch.maximum(-un, -cl), mask),
+         "your loss has the opposite sign: the per-token loss is max(-A * ratio, -A * clamp(ratio)), and we minimise it"),
+        ("loss", masked_mean(torch.minimum(un, cl), mask),
+         "you take the minimum of the two terms; PPO's loss takes the maximum (the pessimistic bound)"),
+        ("loss", torch.maximum(un, cl).mean(), "the mean includes padded positions: use masked_mean(x, response_mask)"),
+        ("loss", row_means, "you average per-row means; the token-mean divides the sum over all real tokens by their number"),
+        ("loss", masked_mean(un, mask), "your loss ignores the clipped term"),
+        ("clip_frac", masked_mean(((r - 1).abs() > eps).double(), mask),
+         "clip_frac counts tokens where the clipped term is active ([-A*clamp(ratio) > -A*ratio]), "
+         "not every ratio outside [1 - eps, 1 + eps]"),
+        ("clip_frac", masked_mean((cl >= un).double(), mask), "use a strict > in clip_frac: where both terms are equal, nothing is clipped"),
+        ("approx_kl", masked_mean(new - old, mask), "approx_kl is token-mean(logprobs_old - logprobs_new); yours has the opposite sign"),
+        ("approx_kl", masked_mean((r - 1) - torch.log(r), mask), "approx_kl is the k1 estimator, not k3"),
+        ("approx_kl", (old - new).mean(), "approx_kl includes padded positions: use masked_mean"),
+    ]
+
+
+def hint(case, sub, ref, ulps) -> str | None:
+    return common.suggest(patterns, scales, case, sub, ref, ulps)
+
+
+_loss = common.outputs(scales, "loss")
+_metrics = all_of(common.outputs(scales, "clip_frac", "approx_kl"), common.no_gradient("clip_frac", "approx_kl"))
+_gradient = common.gradient(scales, "logprobs_new")
+
+CHECKS = (
+    Check("loss", "the loss equals the reference (clipped surrogate, token-mean over real tokens)",
+          fixed(policy_case()), _loss),
+    Check("metrics", "clip_frac (strict >) and approx_kl (k1) equal the reference and carry no gradient",
+          fixed(policy_case()), _metrics),
+    Check("gradient", "the gradient of the loss w.r.t. logprobs_new equals the reference's", fixed(policy_case()), _gradient),
+    Check("unit_ratio", "with ratio = 1 the loss is -token-mean(A) and both metrics are 0",
+          fixed(policy_case(unit_ratio=True)), _unit_ratio),
+    Check("hidden_loss", "the loss on the hidden inputs", fixed(policy_case()), _loss),
+    Check("hidden_metrics", "clip_frac and approx_kl on the hidden inputs", fixed(policy_case()), _metrics),
+    Check("hidden_gradient", "the gradient on the hidden inputs", fixed(policy_case()), _gradient),
+)

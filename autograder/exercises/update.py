@@ -1,0 +1,511 @@
+"""Exercise 5, ppo_minibatch_update: scenarios, error scales, checks, hints and the oracle.
+
+A case is a scenario of minibatch calls on a tiny float64 Llama with a value head: one
+accumulating call ("single"), two accumulation cycles of two minibatches ("steps"), one call at
+an unchanged policy ("unit_ratio") or one stepping call whose advantages are infinite
+("nonfinite"). The submission's exercises 1-3 are replaced by the reference's (the oracle):
+exercise 5 is graded on its own, and a bug in 1-3 is not charged twice.
+
+Error scales (see compare.py). A correct submission may compute the response log-probs in
+float32 (``log_softmax(logits.float())``). For a real token t with sliced, tempered logits z,
+M_t = max(1, max |z|), vocabulary V, that perturbs the log-prob by at most u K_t with
+    K_t = 2 M_t + V + 2 log V + 8     (the temperature division, the shift by the maximum,
+                                       a sum of V exponentials in any order, log, the gather)
+and everything downstream inherits it; the reference exercises 1-3 then run in float64 on what
+the submission passes them, and round their result to its dtype. Over the n real tokens:
+    loss/policy     mean(|A| r K_t) + |loss|
+    loss/value      mean(2 w_t |v_t|) + |loss|        w_t = |v_t| + |v_old| + |R_t| + c: values cast to float32
+    loss/entropy    mean(4 M_t^2) + |loss|            |dH/dz| summed against a float32 rounding of z
+    loss/total      the three above, weighted, + 4 (|policy| + vf |value| + ent |entropy|)
+    approx_kl       mean(K_t) + |approx_kl|
+    clip fractions  an interval, not a tolerance: a token counts as clipped for sure only when
+                    its decision is more than rounding away from a tie; tokens whose ratio lies
+                    within 1e-5 of 1 +- eps, or whose new value lies within the clip range (where
+                    the contract's two squared errors are mathematically equal, so rounding
+                    alone decides its strict >), may go either way
+    grad_norm, gradients, parameters    K n max|x| for each tensor x (over its elements), with
+                    K the largest K_t: a gradient is a sum over n tokens of terms no larger than
+                    its largest element (an assumption: no worse cancellation than that); after
+                    optimizer steps, the change of the parameters takes the place of x
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import math
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import torch
+from hypothesis import strategies as st
+
+from assignment.contract import METRIC_KEYS, exercise
+from assignment.helpers import logprobs_from_logits
+from solutions import exercises as reference
+
+from ..calls import StudentError, as_float64
+from ..cases import Case, describe_tensor, fmt, padding
+from ..compare import U, bound, compare
+from . import Check
+
+EXERCISE = exercise(5)
+MODEL = {"vocab_size": 32, "hidden_size": 16, "num_layers": 1, "seed": 0}
+LR = 0.1
+RATIO_AMBIGUITY = 1e-5  # relative: far above K u for these logits, far below any ratio's distance otherwise
+CFG_CHOICES = {
+    "temperature": (1.0, 0.7, 1.3),
+    "clip_ratio": (0.2, 0.1),
+    "clip_range_value": (0.2, 0.5),
+    "vf_coeff": (0.5, 0.1),
+    "entropy_coeff": (0.01, 0.0, 0.05),
+    "max_grad_norm": (1.0, 0.05, 100.0),
+}
+VALUE_HEAD_SEED = 1
+
+
+def grading_model() -> torch.nn.Module:
+    """The tiny float64 policy exercise 5 is graded on; its value head is random (not zero, as
+    the trainer's starts) so that the value loss reaches the shared body."""
+    from assignment.model import PolicyWithValueHead, tiny_llama
+
+    model = PolicyWithValueHead(tiny_llama(**MODEL)).to(torch.float64)
+    g = torch.Generator().manual_seed(VALUE_HEAD_SEED)
+    with torch.no_grad():
+        model.value_head.weight.copy_(torch.randn(model.value_head.weight.shape, generator=g, dtype=torch.float64))
+    return model
+
+
+@dataclass
+class UpdateCase:
+    """A model state, minibatches, the calls to make on them, and the update config."""
+
+    minibatches: list[dict[str, torch.Tensor]]
+    prompt_lengths: list[int]
+    calls: list[dict]  # {"minibatch": i, "step_optimizer": bool, "record_grads": bool}
+    cfg: dict[str, float]
+    seed: int
+    scenario: str
+    initial: dict[str, torch.Tensor]  # the model's parameters before the first call (not a copy)
+
+    def describe(self) -> str:
+        lines = [f"{len(self.calls)} call(s) (minibatch, step_optimizer): "
+                 f"{[(c['minibatch'], c['step_optimizer']) for c in self.calls]}", f"cfg = {self.cfg}"]
+        for i, (mb, P) in enumerate(zip(self.minibatches, self.prompt_lengths)):
+            lines.append(f"minibatch {i} (P = {P}):")
+            lines += ["    " + describe_tensor(k, v).replace("\n", "\n    ") for k, v in mb.items()]
+        return "\n".join(lines)
+
+    def snippet(self) -> str:
+        """Python a student can paste to rerun this case with what the release ships."""
+        out = ["import torch", "from types import SimpleNamespace",
+               "from assignment.exercises import ppo_minibatch_update",
+               "from assignment.model import PolicyWithValueHead, tiny_llama", "",
+               f"model = PolicyWithValueHead(tiny_llama({', '.join(f'{k}={v}' for k, v in MODEL.items())})).double()",
+               "with torch.no_grad():  # the grader's value head is random, not zero",
+               f"    g = torch.Generator().manual_seed({VALUE_HEAD_SEED})",
+               "    model.value_head.weight.copy_(torch.randn(model.value_head.weight.shape, generator=g, dtype=torch.float64))",
+               f"optimizer = torch.optim.SGD(model.parameters(), lr={LR})",
+               f"cfg = SimpleNamespace({', '.join(f'{k}={v!r}' for k, v in self.cfg.items())})"]
+        for i, (mb, P) in enumerate(zip(self.minibatches, self.prompt_lengths)):
+            items = [f"    {k!r}: torch.tensor({_literal(v.tolist())}, dtype=torch.{str(v.dtype).removeprefix('torch.')})"
+                     for k, v in mb.items()]
+            out += [f"minibatch{i} = {{", *[s + "," for s in items], f"    'prompt_length': {P},", "}"]
+        for c in self.calls:
+            out.append(f"print(ppo_minibatch_update(model, optimizer, minibatch{c['minibatch']}, cfg, "
+                       f"step_optimizer={c['step_optimizer']}))")
+        return "\n".join(out)
+
+
+def _literal(x) -> str:
+    """Python source for nested lists of numbers, exact (repr), infinities included."""
+    if isinstance(x, list):
+        return "[" + ", ".join(_literal(v) for v in x) + "]"
+    return repr(x) if math.isfinite(x) else f"float('{x}')"
+
+
+@st.composite
+def update_case(draw, model, scenario: str = "single") -> UpdateCase:
+    """Minibatches for ``model``; logprobs_old and values_old are the model's own, perturbed."""
+    cfg = {k: draw(st.sampled_from(v)) for k, v in CFG_CHOICES.items()}
+    cfg["grad_accum_steps"] = 2 if scenario == "steps" else draw(st.sampled_from([1, 2, 4]))
+    seed = draw(st.integers(0, 2**16))
+    g = torch.Generator().manual_seed(seed)
+    noise = 0.0 if scenario == "unit_ratio" else draw(st.sampled_from([0.0, 0.1, 0.5]))
+    minibatches, prompt_lengths = [], []
+    for _ in range(2 if scenario == "steps" else 1):
+        mask = draw(padding(max_b=4, max_t=6))
+        B, T = mask.shape
+        prompt_lens = draw(st.lists(st.integers(1, 5), min_size=B, max_size=B))
+        P = max(prompt_lens)
+        prompt_mask = torch.arange(P)[None, :] >= (P - torch.tensor(prompt_lens))[:, None]  # left padding
+        ids = torch.randint(0, MODEL["vocab_size"], (B, P + T), generator=g)
+        attention_mask = torch.cat([prompt_mask, mask], dim=1).long()
+        with torch.no_grad():
+            logits, values = model(ids, attention_mask)
+        logprobs = logprobs_from_logits(logits[:, P - 1:P + T - 1] / cfg["temperature"], ids[:, P:])
+        advantages = torch.randn(B, T, generator=g, dtype=torch.float64)
+        if scenario == "nonfinite":
+            advantages = torch.full_like(advantages, math.inf)
+        minibatches.append({
+            "input_ids": ids, "attention_mask": attention_mask, "response_ids": ids[:, P:].clone(),
+            "response_mask": mask.long(), "logprobs_old": logprobs + noise * torch.randn(B, T, generator=g, dtype=torch.float64),
+            "values_old": values[:, P - 1:P + T - 1] + noise * torch.randn(B, T, generator=g, dtype=torch.float64),
+            "advantages": advantages, "returns": torch.randn(B, T, generator=g, dtype=torch.float64),
+        })
+        prompt_lengths.append(P)
+    if scenario == "steps":
+        calls = [{"minibatch": i % 2, "step_optimizer": i % 2 == 1, "record_grads": False} for i in range(4)]
+    else:
+        calls = [{"minibatch": 0, "step_optimizer": scenario == "nonfinite", "record_grads": True}]
+    return UpdateCase(minibatches, prompt_lengths, calls, cfg, seed, scenario, dict(model.named_parameters()))
+
+
+# ---- the reference, instrumented ------------------------------------------------------------------
+
+@dataclass
+class Updated:
+    """What a scenario produced."""
+
+    metrics: list[dict]                      # per call: {key: float}
+    grads: dict[str, torch.Tensor]           # after the last call flagged record_grads
+    params: dict[str, torch.Tensor]          # after the last call
+    final_grads: dict[str, torch.Tensor]     # .grad after the last call (absent: None)
+    seen: list[dict] | None = None           # the reference only: per call, what exercises 1-3 received
+
+
+_SCRATCH: dict[int, torch.nn.Module] = {}
+
+
+def _scratch(model: torch.nn.Module) -> torch.nn.Module:
+    """A reusable copy of ``model``, reset to its weights (deepcopy per example is slow)."""
+    if id(model) not in _SCRATCH:
+        _SCRATCH.clear()
+        _SCRATCH[id(model)] = copy.deepcopy(model)
+    scratch = _SCRATCH[id(model)]
+    scratch.load_state_dict(model.state_dict())
+    scratch.zero_grad(set_to_none=True)
+    return scratch
+
+
+class _Recording:
+    """Calls the reference exercises 1-3 and keeps their float64 inputs, one dict per minibatch call."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def __enter__(self):
+        self.saved = {n: getattr(reference, n) for n in ("compute_policy_loss", "compute_value_loss",
+                                                          "compute_entropy_loss")}
+        for name, fn in self.saved.items():
+            setattr(reference, name, self._wrap(name, fn))
+        return self
+
+    def _wrap(self, name, fn):
+        signature = inspect.signature(fn)
+
+        def wrapped(*args, **kwargs):
+            if name == "compute_policy_loss":
+                self.calls.append({})
+            bound_args = signature.bind(*args, **kwargs).arguments
+            self.calls[-1][name] = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in bound_args.items()}
+            return fn(*args, **kwargs)
+        return wrapped
+
+    def __exit__(self, *exc):
+        for name, fn in self.saved.items():
+            setattr(reference, name, fn)
+
+
+def run_reference(model: torch.nn.Module, case: UpdateCase, mistake: str | None = None) -> Updated:
+    """The reference scenario on a scratch copy of ``model``. ``mistake`` reproduces a known
+    update-order bug around the reference (for hints): "zero_grad_first" or "never_zero_grad"."""
+    model = _scratch(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    if mistake == "never_zero_grad":
+        optimizer.zero_grad = lambda *a, **k: None
+    metrics, grads = [], {}
+    with _Recording() as seen:
+        for call in case.calls:
+            mb = dict(case.minibatches[call["minibatch"]], prompt_length=case.prompt_lengths[call["minibatch"]])
+            if mistake == "zero_grad_first":
+                model.zero_grad()
+            metrics.append(reference.ppo_minibatch_update(model, optimizer, mb, SimpleNamespace(**case.cfg),
+                                                          call["step_optimizer"]))
+            if call["record_grads"]:
+                grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    final = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+    return Updated(metrics, grads, params, final, seen.calls)
+
+
+# ---- the submission, through the worker ------------------------------------------------------------
+
+def call_submission(case: UpdateCase, model: torch.nn.Module, run) -> tuple[Updated | None, list[str]]:
+    tensors = {f"param.{k}": v for k, v in model.state_dict().items()}
+    for i, mb in enumerate(case.minibatches):
+        tensors.update({f"mb{i}.{k}": v for k, v in mb.items()})
+    calls = [dict(c, prompt_length=case.prompt_lengths[c["minibatch"]]) for c in case.calls]
+    header = {"op": "update", "model": MODEL, "dtype": "float64", "lr": LR, "cfg": case.cfg, "calls": calls}
+    reply, out = run(header, tensors)
+    if reply.get("op") == "error":
+        raise StudentError(reply)
+    metrics, problems = [], []
+    for i, desc in enumerate(reply["calls"]):
+        if desc.get("kind") != "dict":
+            problems.append(f"call {i} returned a {desc.get('type')}, expected a dict of Python floats")
+            continue
+        wrong = [f"{k} ({v['type']})" for k, v in desc["items"].items() if v["kind"] != "float"]
+        if wrong:
+            problems.append(f"call {i}: these metrics are not Python floats: {', '.join(wrong)}")
+        metrics.append({k: v.get("value") for k, v in desc["items"].items()})
+    if problems:
+        return None, problems
+    recorded = max((i for i, c in enumerate(case.calls) if c["record_grads"]), default=None)
+
+    def named(prefix: str) -> dict[str, torch.Tensor]:
+        return {k.removeprefix(prefix): v for k, v in out.items() if k.startswith(prefix)}
+
+    return Updated(metrics, named(f"call{recorded}.grad."), named("param."), named("grad.")), []
+
+
+def oracle_for(case: UpdateCase):
+    """The grader's answer to the worker's requests for the reference exercises 1-3, for this
+    case only: the tensors the contract fixes (everything but the one the gradient flows to)
+    must be the case's own minibatch tensors, so student code cannot query the reference on
+    inputs of its choosing."""
+    from .. import calls as function_calls
+    from .policy import EXERCISE as POLICY
+    from .value import EXERCISE as VALUE
+    from .entropy import EXERCISE as ENTROPY
+
+    fixed = {POLICY.name: {"logprobs_old": "logprobs_old", "advantages": "advantages"},
+             VALUE.name: {"values_old": "values_old", "returns": "returns"}, ENTROPY.name: {}}
+    specs = {e.name: e for e in (POLICY, VALUE, ENTROPY)}
+    scalars = {POLICY.name: {"clip_ratio": case.cfg["clip_ratio"]},
+               VALUE.name: {"clip_range_value": case.cfg["clip_range_value"]}, ENTROPY.name: {}}
+
+    def matches(name: str, tensors: dict, header: dict) -> bool:
+        ex = specs[name]
+        if set(tensors) != set(ex.tensor_params) or header.get("grad_wrt") != ex.grad_param:
+            return False
+        if header.get("scalars") != scalars[name]:
+            return False
+        for mb in case.minibatches:
+            mask = tensors["response_mask"]
+            if mask.shape != mb["response_mask"].shape or not torch.equal(mask.bool(), mb["response_mask"].bool()):
+                continue
+            if all(tensors[k].shape == mb[v].shape and torch.equal(tensors[k], mb[v].to(tensors[k].dtype))
+                   for k, v in fixed[name].items()):
+                return tensors[ex.grad_param].shape[:2] == mask.shape
+        return False
+
+    def answer(header: dict, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+        name = header.get("fn")
+        if name not in specs or not matches(name, tensors, header):
+            return {"op": "oracle_error", "message": (
+                f"exercise 5 must call {name} with the minibatch's own tensors and cfg's values (the contract: "
+                f"{', '.join(specs[name].params) if name in specs else 'exercises 1-3'}); "
+                "the grader's reference answers only those")}, {}
+        ex = specs[name]
+        called = function_calls.call_reference(ex, Case(dict(tensors), scalars[name]))
+        grad = called.grad if called.grad is not None else torch.zeros_like(tensors[ex.grad_param])
+        out = {"value": called.outputs["loss"], "grad": grad}
+        out.update({f"metric.{i}": called.outputs[n] for i, n in enumerate(ex.outputs[1:])})
+        return {"op": "oracle_result", "n_metrics": len(ex.outputs) - 1}, out
+
+    return answer
+
+
+# ---- error scales and comparisons ---------------------------------------------------------------
+
+def _call_scales(seen: dict) -> dict[str, torch.Tensor]:
+    """The error scales of one call's metrics, from what the reference exercises 1-3 received."""
+    policy, value, entropy = (seen[n] for n in ("compute_policy_loss", "compute_value_loss", "compute_entropy_loss"))
+    mask = policy["response_mask"].bool()
+    z = entropy["logits"].double()
+    V = z.shape[-1]
+    M = z.abs().amax(-1).clamp(min=1.0)[mask]
+    K = 2 * M + V + 2 * math.log(V) + 8
+    log_ratio = (policy["logprobs_new"].double() - policy["logprobs_old"].double())[mask]
+    adv = policy["advantages"].double()[mask]
+    v_new, v_old, ret = (value[k].double()[mask] for k in ("values_new", "values_old", "returns"))
+    c = value["clip_range_value"]
+    w = v_new.abs() + v_old.abs() + ret.abs() + c
+    return {"K": K, "n": torch.tensor(float(mask.sum())), "log_ratio": log_ratio, "eps": policy["clip_ratio"],
+            "adv": adv, "v_new": v_new, "v_old": v_old, "ret": ret, "c": c, "w": w,
+            "loss/policy": (adv.abs() * log_ratio.exp() * K).mean(), "loss/value": (2 * w * v_new.abs()).mean(),
+            "loss/entropy": (4 * M ** 2).mean(), "stats/approx_kl": K.mean()}
+
+
+def _clip_interval(sc: dict, key: str) -> tuple[float, float]:
+    """[fewest, most] tokens a correct implementation may count as clipped, over n."""
+    if key == "stats/policy_clipfrac":
+        r, eps, adv = sc["log_ratio"].exp(), sc["eps"], sc["adv"]
+        clipped = -adv * r.clamp(1 - eps, 1 + eps) > -adv * r
+        near = 4 * U * sc["K"]
+        ambiguous = ((sc["log_ratio"] - math.log(1 + eps)).abs() <= near) | ((sc["log_ratio"] - math.log(1 - eps)).abs() <= near)
+    else:
+        v_new, v_old, ret, c, w = sc["v_new"], sc["v_old"], sc["ret"], sc["c"], sc["w"]
+        v_clip = v_old + (v_new - v_old).clamp(-c, c)
+        e_un, e_cl = (v_new - ret) ** 2, (v_clip - ret) ** 2
+        clipped = e_cl > e_un
+        ambiguous = ((v_new - v_old).abs() <= c + 4 * U * w) | ((e_cl - e_un).abs() <= 8 * U * w ** 2)
+    n = float(sc["n"])
+    return float((clipped & ~ambiguous).sum()) / n, float((clipped | ambiguous).sum()) / n
+
+
+def _metrics(case: UpdateCase, ref: Updated, sub: Updated, ulps: float) -> list[str]:
+    problems = []
+    for i, (want, got) in enumerate(zip(ref.metrics, sub.metrics)):
+        if set(got) != set(want):
+            problems.append(f"call {i}: metric keys differ: missing {sorted(set(want) - set(got))}, "
+                            f"unexpected {sorted(set(got) - set(want))}")
+            continue
+        sc = _call_scales(ref.seen[i])
+        cfg = case.cfg
+        scale = {k: sc[k] + abs(want[k]) for k in ("loss/policy", "loss/value", "loss/entropy", "stats/approx_kl")}
+        scale["loss/total"] = (scale["loss/policy"] + cfg["vf_coeff"] * scale["loss/value"]
+                               + cfg["entropy_coeff"] * scale["loss/entropy"]
+                               + 4 * (abs(want["loss/policy"]) + cfg["vf_coeff"] * abs(want["loss/value"])
+                                      + cfg["entropy_coeff"] * abs(want["loss/entropy"])))
+        if "stats/grad_norm" in want:
+            scale["stats/grad_norm"] = float(sc["K"].max() * sc["n"]) * abs(want["stats/grad_norm"])
+        for key in want:
+            label = f"call {i}: {key}"
+            if key.endswith("clipfrac"):
+                lo, hi = _clip_interval(sc, key)
+                if not lo - 2 * U <= got[key] <= hi + 2 * U:
+                    allowed = fmt(lo) if lo == hi else f"between {fmt(lo)} and {fmt(hi)}"
+                    problems.append(f"{label}: expected {allowed}, got {fmt(got[key])}")
+            elif key == "stats/grad_norm" and case.scenario == "nonfinite":
+                if math.isfinite(got[key]):
+                    problems.append(f"{label} is {fmt(got[key])}, but the gradient is not finite (advantages are inf)")
+            else:
+                problems += compare(label, torch.tensor(got[key], dtype=torch.float64),
+                                    torch.tensor(want[key], dtype=torch.float64), bound(ulps, scale[key]))
+    return problems
+
+
+def _kn(ref: Updated) -> float:
+    """K n: the largest K_t of any call times the most real tokens of any call."""
+    scales = [_call_scales(seen) for seen in ref.seen]
+    return max(float(s["K"].max()) for s in scales) * max(float(s["n"]) for s in scales)
+
+
+def _tensors(label: str, want: dict[str, torch.Tensor], got: dict[str, torch.Tensor], scale: dict[str, float],
+             ulps: float) -> list[str]:
+    problems = []
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None:
+            problems.append(f"{label} {name}: none (no gradient reached it)")
+        elif g.shape != w.shape:
+            problems.append(f"{label} {name} has shape {tuple(g.shape)}, expected {tuple(w.shape)}")
+        else:
+            problems += compare(f"{label} {name}", g, w, bound(ulps, scale[name]))
+    problems += [f"{label} {name}: present in the submission but not in the reference" for name in got if name not in want]
+    return problems
+
+
+def _gradients(case: UpdateCase, ref: Updated, sub: Updated, ulps: float) -> list[str]:
+    kn = _kn(ref)
+    return _tensors("gradient of", ref.grads, sub.grads, {k: kn * float(g.abs().max()) for k, g in ref.grads.items()}, ulps)
+
+
+def _zeroed(sub: Updated) -> list[str]:
+    leftover = [n for n, g in sub.final_grads.items() if bool((g != 0).any())]
+    return [f"gradients are not zeroed after the last optimizer step (e.g. {leftover[0]})"] if leftover else []
+
+
+def _steps(case: UpdateCase, ref: Updated, sub: Updated, ulps: float) -> list[str]:
+    kn = _kn(ref)
+    moved = {k: kn * float((p - case.initial[k].detach()).abs().max()) for k, p in ref.params.items()}
+    return _metrics(case, ref, sub, ulps) + _tensors("parameter", ref.params, sub.params, moved, ulps) + _zeroed(sub)
+
+
+def _unit_ratio(case: UpdateCase, ref: Updated, sub: Updated, ulps: float) -> list[str]:
+    """At an unchanged policy: approx_kl = 0, policy_clipfrac = 0, loss/policy = -token-mean(A)."""
+    got, sc = sub.metrics[0], _call_scales(ref.seen[0])
+    adv = sc["adv"]
+    closed = {"stats/approx_kl": (0.0, sc["K"].mean()), "stats/policy_clipfrac": (0.0, 1.0),
+              "loss/policy": (-float(adv.mean()), (adv.abs() * sc["K"]).mean() + (sc["n"] + 2) * adv.abs().mean())}
+    problems = []
+    for key, (want, scale) in closed.items():
+        if key not in got:
+            problems.append(f"metric {key} is missing")
+            continue
+        problems += compare(f"{key} at the first minibatch (the ratio must be exactly 1)",
+                            torch.tensor(got[key], dtype=torch.float64), torch.tensor(want, dtype=torch.float64),
+                            bound(ulps, scale))
+    return problems
+
+
+def _nonfinite(case: UpdateCase, ref: Updated, sub: Updated, ulps: float) -> list[str]:
+    """The loss is -inf: the metrics match the reference's, optimizer.step() is skipped and the
+    gradients are still zeroed. Doing nothing at all does not pass: the metrics must be right."""
+    problems = _metrics(case, ref, sub, ulps)
+    moved = [n for n, p in sub.params.items() if not torch.equal(p, ref.params[n])]
+    if moved:
+        problems.append(f"the optimizer stepped on a non-finite gradient (parameter {moved[0]} changed)")
+    if any(bool((g != 0).any()) for g in sub.final_grads.values()):
+        problems.append("gradients were not zeroed after the skipped step")
+    return problems
+
+
+HINTS = [
+    (dict(prompt_shift=1), None, "your slice is off by one: the logits and values of response token t sit at P - 1 + t"),
+    (dict(temperature=1.0), None, "divide the sliced logits by cfg.temperature, as the rollout did"),
+    (dict(grad_accum_steps=1), None, "divide the loss by cfg.grad_accum_steps before backward()"),
+    (dict(max_grad_norm=1e30), None, "clip the gradient norm with clip_grad_norm_(model.parameters(), "
+                                     "cfg.max_grad_norm) before optimizer.step()"),
+    (dict(vf_coeff=1.0), None, "weight the value loss by cfg.vf_coeff"),
+    (dict(entropy_coeff=0.0), None, "add cfg.entropy_coeff * entropy_loss to the total loss"),
+    ({}, "zero_grad_first", "you zero the gradients at the start of every call: that throws away the gradients of the "
+                            "earlier minibatches of an accumulation cycle. Zero them only after optimizer.step()"),
+    ({}, "never_zero_grad", "call optimizer.zero_grad() after optimizer.step(): otherwise the next cycle adds to old "
+                            "gradients"),
+]
+
+
+def hint(case: UpdateCase, sub: Updated | None, model: torch.nn.Module, compare_fn, ulps: float) -> str | None:
+    """Rerun the reference with one known mistake; if it reproduces the submission, name it."""
+    if sub is None:
+        return None
+    for changes, mistake, message in HINTS:
+        if any(k in case.cfg and case.cfg[k] == v for k, v in changes.items()):
+            continue  # this variant equals the case itself
+        variant = copy.deepcopy(case)
+        variant.initial = case.initial
+        if "prompt_shift" in changes:
+            variant.prompt_lengths = [p + changes["prompt_shift"] for p in variant.prompt_lengths]
+        variant.cfg.update({k: v for k, v in changes.items() if k != "prompt_shift"})
+        try:
+            wrong = run_reference(model, variant, mistake)
+        except Exception:  # e.g. the shifted slice runs past the sequence
+            continue
+        if not compare_fn(case, wrong, sub, ulps):
+            return message
+    return None
+
+
+def _context(scenario: str):
+    return lambda context: update_case(context["model"], scenario)
+
+
+CHECKS = (
+    Check("metrics", "the returned metrics equal the reference (slice [P-1:P+T-1], temperature, loss sum)",
+          _context("single"), _metrics),
+    Check("gradients", "after one accumulating call, every parameter's gradient equals the reference's",
+          _context("single"), _gradients),
+    Check("optimizer_steps", "two accumulation cycles: metrics, grad_norm, parameters and zeroed grads match",
+          _context("steps"), _steps),
+    Check("unit_ratio", "at an unchanged policy the ratio is 1: approx_kl = clipfrac = 0, loss/policy = -mean(A)",
+          _context("unit_ratio"), _unit_ratio),
+    Check("nonfinite_skip", "a non-finite gradient norm skips optimizer.step() but still zeroes the gradients",
+          _context("nonfinite"), _nonfinite),
+    Check("hidden_metrics", "the metrics on the hidden inputs", _context("single"), _metrics),
+    Check("hidden_gradients", "the gradients on the hidden inputs", _context("single"), _gradients),
+    Check("hidden_steps", "two accumulation cycles on the hidden inputs", _context("steps"), _steps),
+)
