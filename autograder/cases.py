@@ -45,6 +45,9 @@ class Case:
     def n_real(self) -> int:
         return int(self.mask.sum())
 
+    def __repr__(self) -> str:  # Hypothesis prints failing examples: keep it short
+        return "Case(" + ", ".join(f"{k}: {tuple(t.shape)}" for k, t in self.tensors.items()) + ")"
+
     def describe(self) -> str:
         """The arguments as a student would write them, tensors in their shapes."""
         lines = [f"{k} = {v!r}" for k, v in self.scalars.items()]

@@ -11,6 +11,7 @@ input reaches the visible feedback; their own feedback is the grader's words onl
 
 from __future__ import annotations
 
+import functools
 import platform
 import time
 import zlib
@@ -95,15 +96,15 @@ HIDDEN_FEEDBACK = {
 class _Workers:
     """The one live worker of a grading, replaced by a fresh one when the role changes."""
 
-    def __init__(self, sandbox: Sandbox):
-        self.sandbox = sandbox
+    def __init__(self, sandbox: Sandbox, submission):
+        self.sandbox, self.submission = sandbox, submission
         self.current = None
 
     def get(self, role: str):
         if self.current is not None and (self.current.role != role or not self.current.alive):
             self.drop()
         if self.current is None:
-            self.current = self.sandbox.spawn(role)
+            self.current = self.sandbox.spawn(role, self.submission)
             self.current.wait_ready()
         return self.current
 
@@ -118,34 +119,47 @@ def _seed_for(base: int, number: int, check: str) -> int:
     return (base * 1_000_003 + zlib.crc32(f"{number}:{check}".encode())) % 2**32
 
 
-def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = False,
-          exercises: set[int] | None = None) -> GradingResult:
-    """Grade the submission whose text is ``source`` under ``cfg``.
-
-    ``exercises`` restricts grading to those exercise numbers (all five by default). Raises
-    sandbox.GraderFailure when the grader itself cannot run (never the student's fault).
-    """
-    started = time.monotonic()
-    selected = {n: c for n, c in CHECKS.items() if exercises is None or n in exercises}
-    secret, secret_source = hidden_seed(cfg)
+def open_sandbox(cfg: GradingConfig, config_path) -> Sandbox:
+    """A sandbox for ``cfg``: the strongest strategy available, with the project tree hidden.
+    Raises sandbox.GraderFailure when the user strategy would leave staff files readable."""
     w = cfg.worker
     strategy = detect_strategy(w.sandbox, w.sandbox_user)
     hide = secret_paths([config_path] + ([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []))
     if strategy == "user":
         check_unreadable(hide, w.sandbox_user)
+    return Sandbox(Limits(w.memory_mb, w.start_timeout_s, w.threads, w.nproc), strategy, hide, w.sandbox_user)
+
+
+@functools.lru_cache(maxsize=1)
+def _grading_model() -> torch.nn.Module:
+    return update.grading_model()  # read only: every reference run works on a scratch copy
+
+
+def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = False,
+          exercises: set[int] | None = None, sandbox: Sandbox | None = None) -> GradingResult:
+    """Grade the submission whose text is ``source`` under ``cfg``.
+
+    ``exercises`` restricts grading to those exercise numbers (all five by default). A batch
+    passes one ``sandbox`` (open_sandbox) for all its submissions; by default each grading
+    opens its own. Raises sandbox.GraderFailure when the grader itself cannot run (never the
+    student's fault).
+    """
+    started = time.monotonic()
+    selected = {n: c for n, c in CHECKS.items() if exercises is None or n in exercises}
+    secret, secret_source = hidden_seed(cfg)
     torch.set_num_threads(1)
     log = ["hidden checks used the public seed: set $" + cfg.seeds.hidden_env + " at deployment"] \
         if secret_source == "public-fallback" else []
     training = with_training or cfg.training.enabled
-    limits = Limits(w.memory_mb, w.start_timeout_s, w.threads, w.nproc)
     first_role = "exercises 1-4" if set(selected) - {5} else "exercise 5" if 5 in selected else "training check"
-    with Sandbox(source, limits, strategy, hide, w.sandbox_user) as sandbox:  # its server imports torch...
-        context = {"model": update.grading_model()} if 5 in selected else {}  # ...while we import transformers
-        workers = _Workers(sandbox)
+    own = sandbox is None
+    sandbox = open_sandbox(cfg, config_path) if own else sandbox  # its server imports torch...
+    try:
+        context = {"model": _grading_model()} if 5 in selected else {}  # ...while we import transformers
+        workers = _Workers(sandbox, sandbox.add(source))
         if first_role != "exercises 1-4":
             sandbox.preload()  # the model code first: the first worker already needs it
         first = workers.get(first_role)
-        network = first.network
         if first_role == "exercises 1-4" and (5 in selected or training):
             sandbox.preload()  # imported by the server while exercises 1-4 are graded
         if first.import_error is not None:
@@ -156,10 +170,13 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
         else:
             results = _grade_all(selected, cfg, workers, context, secret, first.callable, training)
         workers.drop()
+    finally:
+        if own:
+            sandbox.close()
     extra = {"grader_version": __version__, "torch_version": torch.__version__,
              "hypothesis_version": hypothesis.__version__, "python_version": platform.python_version(),
-             "public_seed": cfg.seeds.public, "hidden_seed_source": secret_source, "sandbox": strategy,
-             "network": network}
+             "public_seed": cfg.seeds.public, "hidden_seed_source": secret_source, "sandbox": sandbox.strategy,
+             "network": first.network}
     order = {(n, c.id): i for n in selected for i, c in enumerate(selected[n])}
     results.sort(key=lambda r: (r.exercise, order.get((r.exercise, r.check), -1)))
     return GradingResult(results, extra, round(time.monotonic() - started, 3), log)

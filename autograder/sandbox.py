@@ -139,19 +139,19 @@ def _copy_public(src: Path, dst: Path) -> None:
 
 
 class Sandbox:
-    """One grading's stage and fork server; ``spawn`` starts a fresh worker in it."""
+    """A fork server and its stage; ``add`` stages a submission, ``spawn`` starts a fresh worker.
 
-    def __init__(self, source: str, limits: Limits, strategy: str, hide: list[Path], sandbox_user: str,
-                 deny_network: bool = True):
-        """Stage ``source`` and start the fork server; its hello is awaited by the first spawn."""
+    One sandbox may grade many submissions one after another (batch grading, the tests): the
+    server never runs student code, each worker is a fresh fork, and between workers
+    ``kill_all`` ends every process and deletes every file a worker left.
+    """
+
+    def __init__(self, limits: Limits, strategy: str, hide: list[Path], sandbox_user: str, deny_network: bool = True):
         self.limits, self.strategy = limits, strategy
         self.stage = Path(tempfile.mkdtemp(prefix="ppo-grade-"))
         os.chmod(self.stage, 0o755)
         _copy_public(WORKER_PACKAGE, self.stage / "ppo_worker")
         _copy_public(STUDENT_PACKAGE, self.stage / "assignment")
-        self.submission = self.stage / "submission.py"
-        self.submission.write_text(source, encoding="utf-8")
-        os.chmod(self.submission, 0o644)
         scratch = self.stage / "scratch"
         scratch.mkdir(mode=0o700)
         self.uid = self.gid = -1
@@ -159,8 +159,20 @@ class Sandbox:
             account = pwd.getpwnam(sandbox_user)
             self.uid, self.gid = account.pw_uid, account.pw_gid
             os.chown(scratch, self.uid, self.gid)
-        self._owed = 0  # control replies not yet read (preload runs while the grader works)
+        self._owed = 0  # control replies not yet read (a preload runs while the grader works)
+        self._hello = self._preloaded = False
+        self._submissions = 0
         self._start_server(hide, deny_network)
+
+    def add(self, source: str) -> Path:
+        """Stage one submission's text (readable by the sandbox user); its path, for ``spawn``."""
+        self._submissions += 1
+        folder = self.stage / f"submission-{self._submissions}"
+        folder.mkdir(mode=0o755)
+        path = folder / "submission.py"
+        path.write_text(source, encoding="utf-8")
+        os.chmod(path, 0o644)
+        return path
 
     # ---- the fork server ------------------------------------------------------------------
 
@@ -181,7 +193,6 @@ class Sandbox:
                                        pass_fds=(theirs.fileno(),), start_new_session=True)
         theirs.close()
         self.control = ours
-        self._hello = False
 
     def _await_hello(self) -> None:
         """The server's hello comes once it has imported torch; the grader works meanwhile."""
@@ -192,7 +203,10 @@ class Sandbox:
             self._hello = True
 
     def _namespace_command(self, python: list[str], hide: list[Path]) -> list[str]:
-        steps = ["set -e", "mount --make-rprivate /", "mount -o remount,bind,ro /"]
+        # Every mount read-only, not only / (/dev/shm or the cgroup files would stay writable, and
+        # shared with the host); the private scratch tmpfs is the only writable place (HOME, TMPDIR).
+        steps = ["set -e", "mount --make-rprivate /",
+                 "findmnt -rno TARGET | while read -r m; do mount -o remount,bind,ro \"$m\" 2>/dev/null || true; done"]
         for path in hide:
             if path.is_dir():
                 steps.append(f"mount -t tmpfs -o size=4k,mode=000 tmpfs {shlex.quote(str(path))}")
@@ -224,16 +238,20 @@ class Sandbox:
         return self._reply(self.limits.start_timeout_s, what)
 
     def preload(self) -> None:
-        """Have the server import the model code now, while the grader goes on (exercise 5 needs it)."""
+        """Have the server import the model code (exercise 5, the training check need it) while
+        the grader goes on; once per sandbox."""
+        if self._preloaded:
+            return
         self._await_hello()
         protocol.send_control(self.control, {"op": "preload"})
         self._owed += 1
+        self._preloaded = True
 
-    def spawn(self, role: str) -> "Worker":
-        """A fresh worker that has said hello (GraderFailure if it cannot) and is importing the submission."""
+    def spawn(self, role: str, submission: Path) -> "Worker":
+        """A fresh worker that has said hello (GraderFailure if it cannot) and is importing ``submission``."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            reply = self._request({"op": "spawn", "role": role, "submission": str(self.submission)},
+            reply = self._request({"op": "spawn", "role": role, "submission": str(submission)},
                                   f"starting the {role} worker", (theirs.fileno(),))
         finally:
             theirs.close()
@@ -269,6 +287,7 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
 
 
 class Worker:

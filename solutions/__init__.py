@@ -1,5 +1,5 @@
-"""Staff-only package: the single source of the five solutions and the course tooling.
+"""The answer key: ``exercises.py`` holds the single source of the five solutions.
 
-Never released to students. ``ppo-course stubs`` derives the student copy
-``assignment/exercises.py`` from ``solutions/exercises.py``.
+Staff only, never released to students. ``ppo-course stubs`` (course/stubs.py) derives the
+student copy ``assignment/exercises.py`` from it.
 """

@@ -43,15 +43,11 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
+from assignment.contract import NAMES
+
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION_PATH = ROOT / "solutions" / "exercises.py"
-EXERCISE_NAMES = (  # = assignment.EXERCISES; repeated so that importing the corpus imports nothing
-    "compute_policy_loss",
-    "compute_value_loss",
-    "compute_entropy_loss",
-    "compute_gae_advantages",
-    "ppo_minibatch_update",
-)
+EXERCISE_NAMES = NAMES  # the contract's five names, in order
 BEGIN, END = "### BEGIN SOLUTION\n", "### END SOLUTION"
 
 
@@ -493,6 +489,13 @@ _UPDATE_MUTANTS = [
         hint="grad_accum_steps",
     ),
     Variant(
+        "update_zero_grad_first", 5,
+        "Calls optimizer.zero_grad() at the start of every minibatch, the supervised-learning habit: gradient "
+        "accumulation then keeps only the last minibatch of each cycle.",
+        (_prepend_region(5, "    optimizer.zero_grad()\n"),),
+        hint="zero",
+    ),
+    Variant(
         "update_zero_grad_before_step", 5,
         "Zeroes the gradients before clipping and stepping, so the optimizer steps on zero gradients.",
         (_sub(E5_STEP, """
@@ -800,9 +803,75 @@ _ALT_FP64_GAE = """\
         return whitened.to(out), returns.to(out)
 """
 
+# The float32 paths the contract allows for float64 inputs: compute, and return, in float32.
+_ALT_FLOAT32_POLICY = """\
+    new, old, adv = logprobs_new.float(), logprobs_old.float(), advantages.float()
+    mask = response_mask.bool()
+    ratio = torch.exp(new - old)
+    per_token = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio))
+    n = mask.sum()
+    loss = torch.where(mask, per_token, 0.0).sum() / n
+    with torch.no_grad():
+        clipped = ((adv > 0) & (ratio > 1.0 + clip_ratio)) | ((adv < 0) & (ratio < 1.0 - clip_ratio))
+        clip_frac = (clipped & mask).float().sum() / n
+        approx_kl = torch.where(mask, old - new, 0.0).sum() / n
+    return loss, clip_frac, approx_kl
+"""
+
+_ALT_FLOAT32_VALUE = """\
+    new, old, ret = values_new.float(), values_old.float(), returns.float()
+    m = response_mask.float()
+    v_clip = old + (new - old).clamp(-clip_range_value, clip_range_value)
+    e1, e2 = (new - ret) ** 2, (v_clip - ret) ** 2
+    loss = 0.5 * (torch.maximum(e1, e2) * m).sum() / m.sum()
+    clip_frac = ((e2 > e1).float() * m).sum().detach() / m.sum()
+    return loss, clip_frac
+"""
+
+_ALT_FLOAT32_ENTROPY = """\
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    entropy = -(logp.exp() * logp).sum(dim=-1)
+    return -entropy[response_mask.bool()].mean()
+"""
+
+_ALT_FLOAT32_GAE = """\
+    with torch.no_grad():
+        mask = response_mask.bool()
+        m = mask.float()
+        v = torch.where(mask, values.float(), 0.0)
+        r = torch.where(mask, -kl_penalties.float(), 0.0)
+        lengths = mask.sum(-1)
+        for b in range(r.shape[0]):
+            if lengths[b] > 0:
+                r[b, lengths[b] - 1] += final_rewards[b].float()
+        T = r.shape[1]
+        adv = torch.zeros_like(r)
+        running = torch.zeros_like(r[:, 0])
+        for t in range(T - 1, -1, -1):
+            m_next = m[:, t + 1] if t + 1 < T else torch.zeros_like(running)
+            v_next = v[:, t + 1] if t + 1 < T else torch.zeros_like(running)
+            running = r[:, t] + gamma * v_next * m_next - v[:, t] + gamma * lam * m_next * running
+            adv[:, t] = running
+        returns = adv + v
+        real = adv[mask]
+        whitened = (adv - real.mean()) / torch.sqrt(real.var(unbiased=True) + 1e-8)
+        return whitened, returns
+"""
+
+_ALT_FLOAT32_LOGPROBS = ("\n    logprobs_new = torch.log_softmax(logits.float(), dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)"
+                         "  # (B, T)\n")
+
 _ALT_LOG_SOFTMAX_GATHER = "\n    logprobs_new = torch.nn.functional.log_softmax(logits.to(reduction_dtype(logits.dtype)), dim=-1).gather(-1, response_ids.unsqueeze(-1)).squeeze(-1)\n"
 
 ALTERNATIVES: list[Variant] = [
+    Variant(
+        "alt_float32_everywhere", 0,
+        "Computes exercises 1-4 in float32 and returns float32 even for float64 inputs (.float() upcasts, boolean "
+        "indexing, torch.var), and the ex-5 log-probs as log_softmax(logits.float()).gather, the line TRL and verl write.",
+        (_replace_region(1, _ALT_FLOAT32_POLICY), _replace_region(2, _ALT_FLOAT32_VALUE),
+         _replace_region(3, _ALT_FLOAT32_ENTROPY), _replace_region(4, _ALT_FLOAT32_GAE),
+         _sub(E5_LOGPROBS, _ALT_FLOAT32_LOGPROBS)),
+    ),
     Variant(
         "alt_vectorized_gae", 0,
         "GAE without a Python loop over t: A = W @ delta with W[t, k] = prod_{j=t+1..k} gamma*lam*m_j built by a cumprod over a (B, T, T) tensor.",
@@ -1041,6 +1110,59 @@ _steal_reference()
 
 _BLANK = "    raise NotImplementedError  # blank: the reference is stolen at import\n"
 
+# Records which process saw exercise 1's inputs (in HOME, the only writable place), then shows
+# the record through an exception in exercise 2: were hidden inputs visible, a second process
+# id (the fresh hidden worker's) would appear in exercise 2's visible feedback.
+_LEAK_POLICY_RECORD = """\
+    import os as _os
+    with open(_os.path.join(_os.environ.get("HOME", "."), "seen.txt"), "a") as _f:
+        _f.write(f"pid{_os.getpid()}:{logprobs_new.flatten()[:2].tolist()}\\n")
+"""
+_LEAK_VALUE_RAISE = """\
+    import os as _os
+    _path = _os.path.join(_os.environ.get("HOME", "."), "seen.txt")
+    _seen = open(_path).read() if _os.path.exists(_path) else ""
+    raise RuntimeError("LEAK " + " ".join(sorted({line.split(":")[0] for line in _seen.split()})))
+"""
+
+# Asks the grader's reference for exercise 1 on inputs of its own choosing, inside exercise 5.
+_QUERY_ORACLE = """\
+    _probe = torch.linspace(-1.0, 1.0, 6, dtype=torch.float64).reshape(2, 3)
+    _answer = compute_policy_loss(_probe, torch.zeros(2, 3, dtype=torch.float64), torch.ones(2, 3, dtype=torch.float64),
+                                  torch.ones(2, 3, dtype=torch.bool), 0.2)
+    raise RuntimeError(f"ORACLE SAYS {float(_answer[0])!r}")
+"""
+
+# A daemon: double fork, setsid, then `sleep` with a telltale argument, meant to outlive the grading.
+_DAEMON = """
+def _daemon():
+    import os as _os
+    if _os.fork() == 0:
+        _os.setsid()
+        if _os.fork() == 0:
+            try:
+                _os.execvp("sleep", ["sleep", "4242.5"])
+            finally:
+                _os._exit(0)
+        _os._exit(0)
+
+
+_daemon()
+"""
+
+# Tries to reach the network and reports what happened through an exception in exercise 1.
+_NETWORK = """\
+    import socket as _socket
+    try:
+        _s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        _s.settimeout(1.0)
+        _s.connect(("127.0.0.1", 9))
+        _outcome = "connected"
+    except OSError as _err:
+        _outcome = type(_err).__name__ + " " + str(_err)
+    raise RuntimeError("NETWORK " + _outcome)
+"""
+
 ATTACKS: list[Variant] = [
     Variant(
         "attack_sys_exit_import", 0,
@@ -1150,13 +1272,71 @@ ATTACKS: list[Variant] = [
                             "            minibatch[key].zero_()\n"),),
     ),
     Variant(
+        "attack_leak_hidden_inputs", 2,
+        "Records in HOME which process saw exercise 1's inputs and raises that record from exercise 2: were hidden "
+        "inputs sent before the visible checks ended, the hidden worker's id would show in the visible feedback.",
+        (_prepend_region(1, _LEAK_POLICY_RECORD), _prepend_region(2, _LEAK_VALUE_RAISE)),
+    ),
+    Variant(
+        "attack_query_oracle_update", 5,
+        "Inside exercise 5, calls compute_policy_loss (the grader's reference, there) on inputs of its own choosing "
+        "and raises the answer into its feedback.",
+        (_prepend_region(5, _QUERY_ORACLE),),
+    ),
+    Variant(
+        "attack_daemon_import", 0,
+        "At import, double-forks a setsid'd `sleep 4242.5` meant to outlive the grading.",
+        (_sub(IMPORTS, IMPORTS + _DAEMON),),
+    ),
+    Variant(
+        "attack_network_policy", 1,
+        "Opens a TCP socket to 127.0.0.1 inside exercise 1 and raises what happened.",
+        (_prepend_region(1, _NETWORK),),
+    ),
+    Variant(
         "attack_segfault_update", 5,
         "Dereferences a null pointer with ctypes inside ppo_minibatch_update (the process dies with SIGSEGV).",
         (_prepend_region(5, "    import ctypes\n    ctypes.string_at(0)\n"),),
     ),
 ]
 
-ALL: list[Variant] = MUTANTS + ALTERNATIVES + ATTACKS
+# Right types, shapes, dtypes and gradient flags everywhere, wrong values everywhere: must score 0.
+_WRONG_POLICY = """\
+    loss = 2.0 * masked_mean(logprobs_new - logprobs_old, response_mask) + 1.0
+    zero = torch.zeros((), dtype=reduction_dtype(logprobs_new.dtype))
+    return loss, zero + 0.5, zero - 0.25
+"""
+_WRONG_VALUE = """\
+    loss = masked_mean(values_new * 3.0, response_mask) + 1.0
+    return loss, torch.zeros((), dtype=reduction_dtype(values_new.dtype)) + 0.5
+"""
+_WRONG_ENTROPY = """\
+    return masked_mean(logits.to(reduction_dtype(logits.dtype)).sum(-1) * 0.1, response_mask) + 1.0
+"""
+_WRONG_GAE = """\
+    with torch.no_grad():
+        dtype = reduction_dtype(values.dtype)
+        out = values.to(dtype) * 0.0 + 3.0
+        return out, out + 1.0
+"""
+_WRONG_UPDATE = """\
+    metrics = {"loss/policy": 1.0, "loss/value": 2.0, "loss/entropy": 3.0, "loss/total": 6.0,
+               "stats/policy_clipfrac": 0.5, "stats/value_clipfrac": 0.5, "stats/approx_kl": 0.25}
+    if step_optimizer:
+        optimizer.zero_grad()
+        metrics["stats/grad_norm"] = float("nan")
+    return metrics
+"""
+
+WRONG_EVERYWHERE = Variant(
+    "wrong_everywhere", 0,
+    "Every function returns the right types, shapes, dtypes and gradient flags with wrong values; exercise 5 does "
+    "no update but reports a non-finite grad_norm and zeroes the gradients.",
+    (_replace_region(1, _WRONG_POLICY), _replace_region(2, _WRONG_VALUE), _replace_region(3, _WRONG_ENTROPY),
+     _replace_region(4, _WRONG_GAE), _replace_region(5, _WRONG_UPDATE)),
+)
+
+ALL: list[Variant] = MUTANTS + ALTERNATIVES + ATTACKS + [WRONG_EVERYWHERE]
 
 
 def by_name(name: str) -> Variant:

@@ -1,14 +1,17 @@
 """The autograder against the corpus: the solution, the blank, mutants, alternatives, attacks.
 
-Full gradings use grading.yaml as shipped. The many-submission tests use the same checks,
-tolerances and seeds with fewer examples per check (QUICK_EXAMPLES) and a shorter call
-timeout, to keep the suite fast; every mutant must still be caught.
+Full gradings use grading.yaml as shipped; the solution and the blank get one each. The
+many-submission tests use the same checks, tolerances and seeds with fewer examples per check
+(QUICK_EXAMPLES) and grade only the exercise a variant touches (exercises are graded
+independently: exercise 5 runs the reference's 1-3, see test_exercise_5_is_immune...). They
+share one sandbox, as a batch does, so the fork server imports torch once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,37 +20,37 @@ from pathlib import Path
 import pytest
 
 import corpus
-from autograder import checks, config, report
-from autograder.grade import grade
+from autograder import config, report
+from autograder.exercises import CHECK_IDS, CHECKS
+from autograder.grade import grade, open_sandbox
+from autograder.sandbox import GraderFailure
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "grading.yaml"
-QUICK_EXAMPLES = 25
+SUBMISSIONS = Path(__file__).resolve().parent / "submissions"
+QUICK_EXAMPLES = 12
 MAX_SCORES = {1: 20, 2: 15, 3: 15, 4: 25, 5: 25}
 
 
-def load_config(examples: int | None = None, call_timeout_s: float | None = None,
-                shrink_calls: int | None = None) -> config.GradingConfig:
-    cfg = config.load(CONFIG, checks.CHECK_IDS)
-    if shrink_calls is not None:
-        cfg.hypothesis = dataclasses.replace(cfg.hypothesis, shrink_calls=shrink_calls)
+def load_config(examples: int | None = None, **worker) -> config.GradingConfig:
+    cfg = config.load(CONFIG, CHECK_IDS)
     if examples is not None:
         for ex in cfg.exercises.values():
             for name, c in ex.items():
                 ex[name] = dataclasses.replace(c, examples=min(c.examples, examples))
-    if call_timeout_s is not None:
-        cfg.worker = dataclasses.replace(cfg.worker, call_timeout_s=call_timeout_s)
+        cfg.hypothesis = dataclasses.replace(cfg.hypothesis, shrink_calls=15)
+    cfg.worker = dataclasses.replace(cfg.worker, **worker)
     return cfg
 
 
 FULL = load_config()
-QUICK = load_config(QUICK_EXAMPLES, call_timeout_s=4.0, shrink_calls=15)
+QUICK = load_config(QUICK_EXAMPLES, call_timeout_s=4.0)
 
 
-def grade_text(text: str, tmp_path: Path, cfg=QUICK, exercises=None):
-    path = tmp_path / "exercises.py"
-    path.write_text(text)
-    return grade(path, cfg, CONFIG, exercises=exercises)
+@pytest.fixture(scope="module")
+def sandbox():
+    with open_sandbox(QUICK, CONFIG) as shared:
+        yield shared
 
 
 def by_exercise(result) -> dict[int, float]:
@@ -57,170 +60,276 @@ def by_exercise(result) -> dict[int, float]:
     return scores
 
 
-def test_points_add_up_to_the_documented_maxima():
+def failed(result) -> list:
+    return [(c.exercise, c.check, c.feedback) for c in result.checks if not c.passed]
+
+
+def test_points_and_examples_add_up():
     assert {n: sum(c.points for c in FULL.exercises[n].values()) for n in FULL.exercises} == MAX_SCORES
-    assert all(sum(c.examples for c in FULL.exercises[n].values()) >= 200 for n in FULL.exercises)
+    assert all(sum(c.examples for c in FULL.exercises[n].values()) == 200 for n in FULL.exercises)
+    assert all(any(c.hidden for c in CHECKS[n]) for n in CHECKS)
 
 
-def test_solution_gets_full_marks(tmp_path):
-    result = grade(ROOT / "solutions" / "exercises.py", FULL, CONFIG)
-    failed = [(c.exercise, c.check, c.feedback) for c in result.checks if not c.passed]
-    assert not failed
+# ---- the reference and the blank, in full ------------------------------------------------------------
+
+def test_solution_gets_full_marks():
+    result = grade((ROOT / "solutions" / "exercises.py").read_text(), FULL, CONFIG)
+    assert not failed(result)
     assert result.score == result.max_score == 100
+    assert result.extra["network"] in ("seccomp", ) or result.extra["sandbox"] == "namespaces"
 
 
 def test_blank_gets_zero_with_not_implemented_feedback():
-    result = grade(ROOT / "assignment" / "exercises.py", FULL, CONFIG)
+    result = grade((ROOT / "assignment" / "exercises.py").read_text(), FULL, CONFIG)
     assert result.score == 0
     for c in result.checks:
         assert "not implemented" in c.feedback.lower(), (c.exercise, c.check, c.feedback)
         assert "Traceback" not in c.feedback
 
 
+# ---- mutants, alternatives, the wrong ---------------------------------------------------------------
+
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", corpus.MUTANTS, ids=lambda v: v.name)
-def test_mutant_loses_points_on_its_own_exercise_only(variant, tmp_path):
-    # Exercise 5 is graded with the reference's exercises 1-3 substituted (and never uses 4), so
-    # a mutant of exercises 1-4 cannot reach it: grade 1-4 only, which saves a worker per mutant.
-    # test_exercise_5_is_immune_to_mutants_of_1_to_4 shows the substitution at work.
-    result = grade_text(corpus.render(variant), tmp_path, exercises=None if variant.exercise == 5 else {1, 2, 3, 4})
-    scores = by_exercise(result)
-    assert scores[variant.exercise] < MAX_SCORES[variant.exercise], f"{variant.name} was not caught"
-    others = {n: s for n, s in scores.items() if n != variant.exercise and s != MAX_SCORES[n]}
-    assert not others, f"{variant.name} also lost points on {others}: " + "; ".join(
-        f"{c.exercise}/{c.check}: {c.feedback}" for c in result.checks if c.exercise in others and not c.passed)
-    failing = [c for c in result.checks if c.exercise == variant.exercise and not c.passed and c.visibility == "visible"]
-    assert failing and all(c.feedback for c in failing)
+def test_mutant_loses_points_with_feedback(variant, sandbox):
+    result = grade(corpus.render(variant), QUICK, CONFIG, exercises={variant.exercise}, sandbox=sandbox)
+    assert result.score < MAX_SCORES[variant.exercise], f"{variant.name} was not caught"
+    visible = [c for c in result.checks if not c.passed and c.visibility == "visible"]
+    assert visible and all(c.feedback for c in visible)
 
 
-@pytest.mark.parametrize("variant", corpus.ALTERNATIVES, ids=lambda v: v.name)
-def test_correct_alternative_gets_full_marks(variant, tmp_path):
-    result = grade_text(corpus.render(variant), tmp_path, cfg=FULL)
-    failed = [(c.exercise, c.check, c.feedback) for c in result.checks if not c.passed]
-    assert not failed, failed
-
-
-def test_exercise_5_is_immune_to_mutants_of_1_to_4(tmp_path):
+def test_exercise_5_is_immune_to_mutants_of_1_to_4(sandbox):
     text = corpus.render(corpus.by_name("policy_sign_flipped"))
     text = corpus.render(corpus.by_name("entropy_sign_flipped"), text)
-    scores = by_exercise(grade_text(text, tmp_path))
+    scores = by_exercise(grade(text, QUICK, CONFIG, exercises={1, 3, 5}, sandbox=sandbox))
     assert scores[1] < MAX_SCORES[1] and scores[3] < MAX_SCORES[3]
     assert scores[5] == MAX_SCORES[5]
 
 
-def test_exercise_filter_grades_only_the_named_exercises(tmp_path):
-    result = grade_text(corpus.render(corpus.by_name("value_missing_half")), tmp_path, exercises={2})
-    assert {c.exercise for c in result.checks} == {2} and result.score < MAX_SCORES[2]
+def _correct_submissions():
+    files = sorted(SUBMISSIONS.glob("correct_*.py"))
+    return [pytest.param(corpus.render(v), id=v.name) for v in corpus.ALTERNATIVES] + \
+        [pytest.param(path.read_text(), id=path.stem) for path in files]
 
 
-def test_feedback_names_check_counterexample_error_and_hint(tmp_path):
-    result = grade_text(corpus.render(corpus.by_name("policy_sign_flipped")), tmp_path)
-    loss = next(c for c in result.checks if (c.exercise, c.check) == (1, "loss"))
+@pytest.mark.slow
+@pytest.mark.parametrize("text", _correct_submissions())
+def test_correct_alternative_gets_full_marks(text, sandbox):
+    assert not failed(grade(text, QUICK, CONFIG, sandbox=sandbox))
+
+
+def _wrong_submissions():
+    files = sorted(SUBMISSIONS.glob("wrong_*.py"))
+    return [pytest.param(corpus.render(corpus.WRONG_EVERYWHERE), id="wrong_everywhere")] + \
+        [pytest.param(path.read_text(), id=path.stem) for path in files]
+
+
+@pytest.mark.parametrize("text", _wrong_submissions())
+def test_wrong_everywhere_gets_no_point(text, sandbox):
+    result = grade(text, QUICK, CONFIG, sandbox=sandbox)
+    assert result.score == 0, [(c.exercise, c.check) for c in result.checks if c.score]
+
+
+# ---- feedback ----------------------------------------------------------------------------------------
+
+def test_feedback_names_check_counterexample_error_and_hint(sandbox):
+    result = grade(corpus.render(corpus.by_name("policy_sign_flipped")), QUICK, CONFIG, exercises={1}, sandbox=sandbox)
+    loss = next(c for c in result.checks if c.check == "loss")
     assert "Counterexample (shrunk)" in loss.feedback
-    assert "expected" in loss.feedback and "got" in loss.feedback and "error" in loss.feedback
+    assert "expected" in loss.feedback and "got" in loss.feedback and "allowed" in loss.feedback
     assert "Hint: your loss has the opposite sign" in loss.feedback
-    assert "shape (" in loss.feedback
+    assert "shape (" in loss.feedback and "[[" in loss.feedback  # tensors printed in their shapes
 
 
-def test_hidden_checks_do_not_reveal_their_inputs(tmp_path):
-    result = grade_text(corpus.render(corpus.by_name("policy_sign_flipped")), tmp_path)
-    hidden = next(c for c in result.checks if (c.exercise, c.check) == (1, "hidden"))
-    assert not hidden.passed and hidden.visibility == "after_published"
-    assert "Counterexample" not in hidden.feedback and "hidden set" in hidden.feedback
+def test_exercise_5_feedback_gives_a_snippet_that_reruns_the_case(sandbox, tmp_path):
+    text = corpus.render(corpus.by_name("update_no_temperature"))
+    result = grade(text, QUICK, CONFIG, exercises={5}, sandbox=sandbox)
+    check = next(c for c in result.checks if c.check == "metrics")
+    assert "Hint: divide the sliced logits by cfg.temperature" in check.feedback
+    snippet = check.feedback.split("To rerun this case yourself")[1].split(":\n", 1)[1]
+    code = "\n".join(line[4:] for line in snippet.splitlines())
+    (tmp_path / "exercises.py").write_text(text)
+    run = subprocess.run([sys.executable, "-c", code.replace("from assignment.exercises import", "from exercises import")],
+                         cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": f"{tmp_path}:{ROOT}"})
+    assert run.returncode == 0, run.stderr
+    assert "loss/policy" in run.stdout
 
 
-def test_three_gradings_are_identical(tmp_path):
+def test_naive_entropy_is_named_not_called_a_padding_leak(sandbox):
+    result = grade(corpus.render(corpus.by_name("entropy_naive_log_softmax")), QUICK, CONFIG, exercises={3},
+                   sandbox=sandbox)
+    feedback = "\n".join(c.feedback for c in result.checks if not c.passed and c.visibility == "visible")
+    assert "log(softmax(z)) underflows" in feedback or "log(0) = -inf" in feedback
+    assert "padding leaks" not in feedback
+
+
+def test_zero_grad_first_gets_a_hint(sandbox):
+    result = grade(corpus.render(corpus.by_name("update_zero_grad_first")), QUICK, CONFIG, exercises={5},
+                   sandbox=sandbox)
+    feedback = "\n".join(c.feedback for c in result.checks if not c.passed)
+    assert "Zero them only after optimizer.step()" in feedback
+    assert max(len(c.feedback.split("To rerun")[0].splitlines()) for c in result.checks) < 60
+
+
+# ---- hidden checks -----------------------------------------------------------------------------------
+
+def test_hidden_checks_show_only_the_graders_words(sandbox):
+    result = grade(corpus.render(corpus.by_name("policy_sign_flipped")), QUICK, CONFIG, exercises={1}, sandbox=sandbox)
+    hidden = [c for c in result.checks if c.check.startswith("hidden")]
+    assert all(c.visibility == "after_published" for c in hidden)
+    assert {c.check for c in hidden if not c.passed} == {"hidden_loss", "hidden_gradient"}  # partial credit
+    for c in hidden:
+        if c.passed:
+            continue
+        assert c.feedback.startswith("failed on the hidden inputs: a value differs from the reference")
+        assert "Counterexample" not in c.feedback
+
+
+def test_visible_feedback_never_carries_text_from_after_a_hidden_check(sandbox, monkeypatch):
+    monkeypatch.setenv(QUICK.seeds.hidden_env, "987654321")
+    result = grade(corpus.render(corpus.by_name("attack_leak_hidden_inputs")), QUICK, CONFIG, exercises={1, 2},
+                   sandbox=sandbox)
+    visible = next(c for c in result.checks if (c.exercise, c.check) == (2, "loss"))
+    pids = [w for w in visible.feedback.split() if w.startswith("pid")]
+    assert "LEAK" in visible.feedback and len(set(pids)) == 1, visible.feedback  # the visible worker only
+    hidden = next(c for c in result.checks if (c.exercise, c.check) == (2, "hidden_loss"))
+    assert "LEAK" not in hidden.feedback and "pid" not in hidden.feedback
+
+
+def test_exercise_5_oracle_answers_only_the_cases_own_tensors(sandbox):
+    result = grade(corpus.render(corpus.by_name("attack_query_oracle_update")), QUICK, CONFIG, exercises={5},
+                   sandbox=sandbox)
+    feedback = "\n".join(c.feedback for c in result.checks)
+    assert result.score == 0 and "ORACLE SAYS" not in feedback
+    assert "the grader's reference answers only those" in feedback
+
+
+def test_student_output_shows_visible_totals_and_no_staff_note(sandbox):
+    result = grade(corpus.render(corpus.by_name("value_missing_half")), QUICK, CONFIG, exercises={2}, sandbox=sandbox)
+    out = report.to_gradescope(result)
+    assert out["output"].startswith("Visible checks: ")
+    hidden_points = sum(c.max_score for c in result.checks if c.visibility != "visible")
+    assert f"Hidden checks ({hidden_points:g} points)" in out["output"]
+    assert "seed" not in out["output"] and any("public seed" in line for line in result.log)
+
+
+def test_three_gradings_are_identical(sandbox):
     text = corpus.render(corpus.by_name("gae_reward_at_last_position"))
-    runs = [report.to_gradescope(grade_text(text, tmp_path)) for _ in range(3)]
+    runs = [report.to_gradescope(grade(text, QUICK, CONFIG, exercises={4}, sandbox=sandbox)) for _ in range(3)]
     for r in runs:
         r.pop("execution_time")
     assert runs[0] == runs[1] == runs[2]
-    assert runs[0]["score"] < 100
+    assert runs[0]["score"] < MAX_SCORES[4]
 
 
-def test_hidden_seed_changes_hidden_examples_only(tmp_path, monkeypatch):
+def test_hidden_seed_changes_hidden_examples_only(sandbox, monkeypatch):
     text = corpus.render(corpus.by_name("value_clipfrac_ge"))
-    public = grade_text(text, tmp_path)
-    monkeypatch.setenv(FULL.seeds.hidden_env, "987654321")
-    secret = grade_text(text, tmp_path)
+    public = grade(text, QUICK, CONFIG, exercises={2}, sandbox=sandbox)
+    monkeypatch.setenv(QUICK.seeds.hidden_env, "987654321")
+    secret = grade(text, QUICK, CONFIG, exercises={2}, sandbox=sandbox)
     assert secret.extra["hidden_seed_source"] == "env" and public.extra["hidden_seed_source"] == "public-fallback"
     for a, b in zip(public.checks, secret.checks):
-        if a.check != "hidden":
+        if not a.check.startswith("hidden"):
             assert (a.score, a.feedback) == (b.score, b.feedback)
 
 
-# ---- attacks -------------------------------------------------------------------------------------
+# ---- attacks -----------------------------------------------------------------------------------------
 
-ATTACK_BUDGET_S = 150
+ATTACK_BUDGET_S = 120
 
 
+def _sleepers() -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and open(f"/proc/{entry}/cmdline", "rb").read() == b"sleep\x004242.5\x00":
+                found.append(int(entry))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", corpus.ATTACKS, ids=lambda v: v.name)
-def test_attack_is_withstood_in_bounded_time(variant, tmp_path):
+def test_attack_is_withstood_in_bounded_time(variant, sandbox):
     started = time.monotonic()
-    result = grade_text(corpus.render(variant), tmp_path)
+    name = variant.name
+    exercises = None if variant.exercise == 0 else {variant.exercise}
+    result = grade(corpus.render(variant), QUICK, CONFIG, exercises=exercises, sandbox=sandbox)
     assert time.monotonic() - started < ATTACK_BUDGET_S
     scores = by_exercise(result)
-    name = variant.name
+    feedback = "\n".join(c.feedback for c in result.checks)
     if name in ("attack_sys_exit_import", "attack_copy_reference_import"):
         assert result.score == 0, scores  # no import, or the blank bodies it could not fill
     elif variant.exercise == 0:
-        # kill-parent, forks, fake results, spam: the grader survives; the code is the solution
-        assert result.score == 100 or name == "attack_kill_parent_import", scores
-    else:
-        others = {n: s for n, s in scores.items() if n != variant.exercise}
-        # Patching Tensor.__eq__ at import breaks torch inside the submission's own worker (the
-        # model's attention masks use ==), so its other exercises may suffer: self-inflicted.
-        if name != "attack_patch_comparisons":
-            assert all(s == MAX_SCORES[n] for n, s in others.items()), scores
-        if name != "attack_memory_hog_gae":  # the hog may legitimately recover after its allocation fails
-            assert scores[variant.exercise] == 0, (name, scores)
+        # kill-parent, forks, fake results, spam, a daemon: the grader survives; the code is the solution
+        assert result.score == 100, scores
+    elif name not in ("attack_memory_hog_gae",):  # the hog may legitimately recover after its allocation fails
+        assert scores[variant.exercise] == 0, (name, scores)
+    if name == "attack_daemon_import":
+        assert not _sleepers(), "a daemon outlived its grading"
+    if name == "attack_network_policy":
+        assert "NETWORK" in feedback and "connected" not in feedback.split("NETWORK", 1)[1].split("\n")[0]
 
+
+# ---- the command line and results.json ---------------------------------------------------------------
 
 def run_cli(*args, cwd=ROOT, timeout=300):
     return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd, capture_output=True,
                           text=True, timeout=timeout)
 
 
-def test_fake_results_are_overwritten_by_the_grader(tmp_path):
+GRADESCOPE_SCHEMA = json.loads((Path(__file__).parent / "gradescope_results.schema.json").read_text())
+
+
+def test_results_json_validates_and_fake_results_are_overwritten(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
     sub = tmp_path / "exercises.py"
     sub.write_text(corpus.render(corpus.by_name("attack_fake_results_import")))
     results = tmp_path / "results.json"
-    proc = run_cli(sub, "--results", results, "--quiet", cwd=tmp_path)
+    proc = run_cli(sub, "--results", results, "--exercise", "3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(results.read_text())
-    assert data["extra_data"]["grader_version"] and len(data["tests"]) == sum(len(c) for c in checks.CHECKS.values())
+    jsonschema.validate(data, GRADESCOPE_SCHEMA)
+    assert data["extra_data"]["grader_version"] and len(data["tests"]) == len(CHECKS[3])
     assert data["score"] == sum(t["score"] for t in data["tests"])
+    assert {"torch_version", "hypothesis_version", "public_seed", "sandbox", "network"} <= set(data["extra_data"])
+    assert "Exercise 3 (compute_entropy_loss)" in proc.stdout
 
 
 def test_spam_never_reaches_the_report(tmp_path):
     sub = tmp_path / "exercises.py"
     sub.write_text(corpus.render(corpus.by_name("attack_spam_output_import")))
-    proc = run_cli(sub, "--results", tmp_path / "r.json", "--quiet")
+    proc = run_cli(sub, "--results", tmp_path / "r.json", "--quiet", "--exercise", "1")
     assert proc.returncode == 0 and len(proc.stdout) < 5000 and len(proc.stderr) < 5000
 
 
-# ---- the command line and results.json ------------------------------------------------------------
-
-GRADESCOPE_SCHEMA = json.loads((Path(__file__).parent / "gradescope_results.schema.json").read_text())
-
-
-def test_results_json_validates_against_the_gradescope_schema(tmp_path):
-    jsonschema = pytest.importorskip("jsonschema")
-    sub = tmp_path / "exercises.py"
-    sub.write_text(corpus.render(corpus.by_name("entropy_sign_flipped")))
-    proc = run_cli(sub, "--results", tmp_path / "results.json")
-    assert proc.returncode == 0, proc.stderr
-    data = json.loads((tmp_path / "results.json").read_text())
-    jsonschema.validate(data, GRADESCOPE_SCHEMA)
-    assert {t["extra_data"]["exercise"] for t in data["tests"]} == {1, 2, 3, 4, 5}
-    assert {"torch_version", "hypothesis_version", "grader_version", "public_seed", "sandbox"} <= set(data["extra_data"])
-    assert "Exercise 3: compute_entropy_loss" in proc.stdout and "FAIL" in proc.stdout
-
-
-def test_missing_submission_gets_zero_and_a_clear_message(tmp_path):
-    proc = run_cli(tmp_path / "nope.py", "--results", tmp_path / "r.json", "--quiet")
+@pytest.mark.parametrize("make, message", [
+    (lambda d: None, "no file at"),
+    (lambda d: (d / "exercises.py").symlink_to(ROOT / "solutions" / "exercises.py"), "symbolic link"),
+    (lambda d: (d / "exercises.py").mkdir(), "not a regular file"),
+    (lambda d: os.mkfifo(d / "exercises.py"), "not a regular file"),
+    (lambda d: (d / "exercises.py").write_bytes(b"\xff\xfe junk"), "not UTF-8"),
+])
+def test_anything_but_a_regular_file_gets_zero_and_says_why(tmp_path, make, message):
+    folder = tmp_path / "submission"
+    folder.mkdir()
+    make(folder)
+    proc = run_cli(folder / "exercises.py", "--results", tmp_path / "r.json", "--quiet",
+                   "--submission-folder", folder)
     data = json.loads((tmp_path / "r.json").read_text())
     assert proc.returncode == 0 and data["score"] == 0
-    assert "no file at" in data["tests"][0]["output"]
+    assert message in data["tests"][0]["output"]
+
+
+def test_a_file_reached_through_a_linked_folder_is_refused(tmp_path):
+    folder = tmp_path / "submission"
+    folder.mkdir()
+    (folder / "sub").symlink_to(ROOT / "solutions")
+    proc = run_cli(folder / "sub" / "exercises.py", "--results", tmp_path / "r.json", "--quiet",
+                   "--submission-folder", folder)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert proc.returncode == 0 and data["score"] == 0 and "outside the submission folder" in data["tests"][0]["output"]
 
 
 def test_broken_config_fails_the_grader_but_still_writes_results(tmp_path):
@@ -233,43 +342,52 @@ def test_broken_config_fails_the_grader_but_still_writes_results(tmp_path):
     assert data["score"] == 0 and "autograder failed" in data["output"]
 
 
+def test_a_worker_that_never_says_hello_is_the_graders_failure(tmp_path):
+    slow = tmp_path / "grading.yaml"
+    slow.write_text(CONFIG.read_text().replace("start_timeout_s: 60", "start_timeout_s: 0.01"))
+    proc = run_cli(ROOT / "solutions" / "exercises.py", "--results", tmp_path / "r.json", "--config", slow)
+    assert proc.returncode == 1, proc.stdout
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["score"] == 0 and "not your fault" in data["output"] and "fork server" in data["output"]
+
+
 def test_unknown_check_in_config_names_the_closest_one(tmp_path):
     bad = tmp_path / "grading.yaml"
-    bad.write_text(CONFIG.read_text().replace("    clip_frac:   {", "    clipfrac:   {"))
+    bad.write_text(CONFIG.read_text().replace("    clip_frac:        {", "    clipfrac:        {"))
     with pytest.raises(config.ConfigError, match="did you mean 'clip_frac'"):
-        config.load(bad, checks.CHECK_IDS)
+        config.load(bad, CHECK_IDS)
 
 
-def test_syntax_error_is_reported_as_an_import_failure(tmp_path):
-    result = grade_text("def compute_policy_loss(:\n", tmp_path)
+def test_syntax_error_is_reported_as_an_import_failure(sandbox):
+    result = grade("def compute_policy_loss(:\n", QUICK, CONFIG, exercises={1, 2}, sandbox=sandbox)
     assert result.score == 0
     assert all("could not be imported: raised SyntaxError" in c.feedback for c in result.checks)
 
 
-# ---- the CPU learning check (exercise 0) ----------------------------------------------------------
-
-@pytest.mark.slow
-@pytest.mark.parametrize("variant,passes", [(None, True), ("policy_sign_flipped", False)])
-def test_training_check_passes_the_solution_and_fails_a_sign_flip(variant, passes, tmp_path):
-    text = (ROOT / "solutions" / "exercises.py").read_text() if variant is None else \
-        corpus.render(corpus.by_name(variant))
-    path = tmp_path / "exercises.py"
-    path.write_text(text)
-    started = time.monotonic()
-    result = grade(path, FULL, CONFIG, with_training=True, exercises=set())  # the training check alone
-    (check,) = result.checks
-    assert check.exercise == 0 and check.passed is passes, check.feedback
-    assert "mean reward of the first 10 steps" in check.feedback
-    assert time.monotonic() - started < FULL.training.timeout_s
-
-
-def test_user_sandbox_refuses_world_readable_secrets(tmp_path):
-    from autograder.grade import _check_root_only
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can grade as another user")
+def test_user_sandbox_refuses_staff_files_another_user_can_read(tmp_path):
+    from autograder.sandbox import check_unreadable
 
     secret = tmp_path / "solutions"
     secret.mkdir()
+    tmp_path.chmod(0o755)
     secret.chmod(0o755)
-    with pytest.raises(RuntimeError, match="readable by other users"):
-        _check_root_only([secret])
+    with pytest.raises(GraderFailure, match="readable by the sandbox user"):
+        check_unreadable([secret], "nobody")
     secret.chmod(0o700)
-    _check_root_only([secret])
+    check_unreadable([secret], "nobody")
+
+
+# ---- the CPU learning check (exercise 0) ---------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant,passes", [(None, True), ("policy_sign_flipped", False)])
+def test_training_check_passes_the_solution_and_fails_a_sign_flip(variant, passes):
+    text = (ROOT / "solutions" / "exercises.py").read_text() if variant is None else \
+        corpus.render(corpus.by_name(variant))
+    started = time.monotonic()
+    result = grade(text, FULL, CONFIG, with_training=True, exercises=set())  # the training check alone
+    (check,) = result.checks
+    assert check.exercise == 0 and check.passed is passes, check.feedback
+    assert "mean reward of the first 10 steps" in check.feedback and "threshold +0.150" in check.feedback
+    assert time.monotonic() - started < FULL.training.timeout_s

@@ -4,7 +4,7 @@ import zipfile
 
 import pytest
 
-from solutions import release
+from course import release
 
 
 def test_student_release_has_the_blanks_and_nothing_of_the_solution(tmp_path):

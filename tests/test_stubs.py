@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from assignment import EXERCISES
-from solutions import stubs
+from course import stubs
 
 
 def test_committed_student_module_equals_fresh_generation():
@@ -79,6 +79,6 @@ def test_generator_rejects_broken_markers(source, message):
 
 
 def test_cli_check_reports_fresh(capsys):
-    from solutions.cli import main
+    from course.cli import main
     assert main(["stubs", "--check"]) == 0
     assert "up to date" in capsys.readouterr().out

@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
-# Gradescope runs this once, as root, when it builds the autograder image (Ubuntu, no network
-# restrictions at build time). The zip made by `ppo-course gradescope` unpacks to
-# /autograder/source.
+# Gradescope runs this once, as root, when it builds the autograder image; the zip made by
+# `ppo-course gradescope` unpacks to /autograder/source.
+#
+# Supported image: Gradescope's Ubuntu 24.04 base image with its Python 3.12. Python 3.11
+# works too (Debian 12: `ppo-course gradescope-sim` builds such an image to test this script).
+# Every package comes pinned from autograder/gradescope/constraints.txt, the set CI tests;
+# torch is its CPU build (Gradescope has no GPU), from PyTorch's CPU index (PPO_TORCH_INDEX).
 set -euo pipefail
 cd /autograder/source
-apt-get update -q && apt-get install -y -q python3 python3-pip python3-venv util-linux
+apt-get update -q
+apt-get install -y -q --no-install-recommends python3 python3-venv util-linux libseccomp2 ca-certificates
+python3 - <<'PY'
+import sys
+if sys.version_info[:2] not in ((3, 11), (3, 12)):
+    sys.exit(f"setup.sh: Python {sys.version.split()[0]} is not supported: use Gradescope's Ubuntu 24.04 "
+             "base image (Python 3.12), or any image with Python 3.11 or 3.12")
+PY
 python3 -m venv /autograder/venv
-# The CPU build of torch: Gradescope machines have no GPU.
-/autograder/venv/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
-/autograder/venv/bin/pip install -q -e .   # editable: the packages stay under /autograder/source, where the permissions below apply
-
-# The worker runs submissions as this unprivileged user (the "user" sandbox), because
-# Gradescope's Docker forbids the namespaces the grader would otherwise use.
-id ppo-grader-worker >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin ppo-grader-worker
-# The worker must read the Python environment and the student-facing package, and nothing else
-# of ours: the solution, the grader and its settings stay root-only.
-chmod -R a+rX /autograder/venv /autograder/source/assignment
-chmod 755 /autograder /autograder/source
-chmod -R go-rwx /autograder/source/solutions /autograder/source/autograder /autograder/source/grading.yaml
+# Editable: the venv holds our packages' paths only, never their code; the code stays in
+# /autograder/source, which harden.sh makes root-only.
+/autograder/venv/bin/pip install -q --no-cache-dir -c autograder/gradescope/constraints.txt \
+    --extra-index-url "${PPO_TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" -e '.[grade]'
+bash autograder/gradescope/harden.sh /autograder/source /autograder/venv

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import shutil
 import signal
 import socket
 
@@ -75,10 +76,30 @@ def _kill_uid(uid: int, gid: int) -> None:
     os.waitpid(pid, 0)
 
 
+SHARED_WRITABLE = ("/tmp", "/var/tmp", "/dev/shm")
+
+
+def _remove(folder: str, owner: int | None) -> None:
+    """Delete the entries of ``folder`` (those of ``owner`` only, if given)."""
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return
+    for name in entries:
+        path = os.path.join(folder, name)
+        try:
+            if owner is None or os.lstat(path).st_uid == owner:
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+        except OSError:
+            pass
+
+
 def _kill_all(args: argparse.Namespace) -> None:
     """End every process a worker started, whatever it did to hide (setsid, double fork)."""
     if args.strategy == "user":
         _kill_uid(args.uid, args.gid)
+        for folder in SHARED_WRITABLE:  # what the sandbox user left where anyone may write
+            _remove(folder, args.uid)
     elif os.getpid() == 1:  # the PID namespace's init: everything else here is a worker
         try:
             os.kill(-1, signal.SIGKILL)
@@ -95,6 +116,7 @@ def _kill_all(args: argparse.Namespace) -> None:
                 except (ProcessLookupError, PermissionError):
                     pass
             _status(pid)
+    _remove("scratch", None)  # no worker finds what an earlier one wrote (another student's, in a batch)
 
 
 def _fork(channel: int, message: dict, args: argparse.Namespace) -> int:

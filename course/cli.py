@@ -8,7 +8,7 @@ import sys
 
 from pathlib import Path
 
-from solutions import release, stubs
+from course import release, stubs
 
 
 def _stubs(args: argparse.Namespace) -> int:
@@ -30,13 +30,14 @@ def _stubs(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     """Grade the reference solution and the blank assignment; show both reports."""
-    from autograder import checks, config, report
+    from autograder import config, report
+    from autograder.exercises import CHECK_IDS
     from autograder.grade import grade
 
-    cfg = config.load(args.config, checks.CHECK_IDS)
+    cfg = config.load(args.config, CHECK_IDS)
     for title, path in (("the reference solution", stubs.SOLUTION_PATH), ("the blank assignment", stubs.STUDENT_PATH)):
         print(f"=== Grading {title}: {path.relative_to(stubs.ROOT)}\n")
-        print(report.terminal(grade(path, cfg, args.config)) + "\n")
+        print(report.terminal(grade(path.read_text(), cfg, args.config)) + "\n")
     return 0
 
 

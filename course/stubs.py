@@ -15,7 +15,7 @@ from pathlib import Path
 import nbformat
 from nbgrader.preprocessors import ClearSolutions
 
-from assignment import EXERCISES
+from assignment.contract import NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION_PATH = ROOT / "solutions" / "exercises.py"
@@ -58,17 +58,17 @@ def generate(source: str) -> str:
         if regions == 0:
             out.append(text)
             continue
-        if name not in EXERCISES or regions != 1:
+        if name not in NAMES or regions != 1:
             raise StubError(f"{name or 'the module header'} holds {regions} solution region(s); "
                             f"only the five exercises may hold one each")
-        number = EXERCISES.index(name) + 1
+        number = NAMES.index(name) + 1
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(text)])
         clear = ClearSolutions(enforce_metadata=False, code_stub={"python": stub_code(number, name)})
         nb, _ = clear.preprocess(nb, {})
         out.append(nb.cells[0].source)
         seen.append(name)
-    if tuple(seen) != EXERCISES:
-        raise StubError(f"solution regions found in {seen}; expected one in each of {list(EXERCISES)}, in order")
+    if tuple(seen) != NAMES:
+        raise StubError(f"solution regions found in {seen}; expected one in each of {list(NAMES)}, in order")
     return "".join(out)
 
 

@@ -13,11 +13,12 @@ import shutil
 import zipfile
 from pathlib import Path
 
-from solutions import stubs
+from course import stubs
 
 ROOT = stubs.ROOT
 STUDENT_FILES = ("assignment", "configs", "tests/public", "tests/conftest.py", "handout.md")
-AUTOGRADER_FILES = ("assignment", "solutions", "autograder", "configs", "grading.yaml", "pyproject.toml", "README.md")
+# What the grader needs on Gradescope (README.md: pyproject.toml names it as the readme).
+AUTOGRADER_FILES = ("assignment", "solutions", "autograder", "grading.yaml", "pyproject.toml", "README.md")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
 STUDENT_README = """# PPO for language models: your assignment

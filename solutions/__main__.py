@@ -1,5 +1,0 @@
-import sys
-
-from solutions.cli import main
-
-sys.exit(main())
