@@ -43,7 +43,10 @@ def policy_case(draw, unit_ratio: bool = False) -> Case:
     old = old.to(dtype)
     if unit_ratio:
         new = old.clone()
-    adv = array(draw, (B, T), -5.0, 5.0).to(dtype)
+    adv = array(draw, (B, T), -5.0, 5.0)
+    # Advantages below 1e-30 become 0: in float32 their products with the ratio underflow, and the
+    # strict > of clip_frac would then compare 0 with 0 where float64 compares two tiny numbers.
+    adv = torch.where(adv.abs() < 1e-30, 0.0, adv).to(dtype)
     return Case(
         tensors={
             "logprobs_new": junk(draw, new, mask, -20.0, 5.0),
