@@ -118,16 +118,23 @@ def test_correct_alternative_gets_full_marks(text, sandbox):
     assert not failed(grade(text, QUICK, CONFIG, sandbox=sandbox))
 
 
-def _wrong_submissions():
-    files = sorted(SUBMISSIONS.glob("wrong_*.py"))
-    return [pytest.param(corpus.render(corpus.WRONG_EVERYWHERE), id="wrong_everywhere")] + \
-        [pytest.param(path.read_text(), id=path.stem) for path in files]
-
-
-@pytest.mark.parametrize("text", _wrong_submissions())
-def test_wrong_everywhere_gets_no_point(text, sandbox):
-    result = grade(text, QUICK, CONFIG, sandbox=sandbox)
+def test_wrong_everywhere_gets_no_point(sandbox):
+    """Right types, shapes, dtypes and gradient flags, wrong values: property-only checks (no
+    gradient, shapes) give nothing on their own."""
+    result = grade(corpus.render(corpus.WRONG_EVERYWHERE), QUICK, CONFIG, sandbox=sandbox)
     assert result.score == 0, [(c.exercise, c.check) for c in result.checks if c.score]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted(SUBMISSIONS.glob("wrong_*.py")), ids=lambda p: p.stem)
+def test_independently_written_wrong_files_lose_points_on_every_exercise(path, sandbox):
+    """Each is wrong in every function, though not on every input: exercise 5 of wrong_scaled
+    is right once the reference stands in for its exercises 1-3, and wrong_zeros backpropagates
+    the right loss while it reports zeros."""
+    scores = by_exercise(grade(path.read_text(), QUICK, CONFIG, sandbox=sandbox))
+    assert all(scores[n] < MAX_SCORES[n] for n in (1, 2, 3, 4)), scores
+    if path.stem != "wrong_scaled":
+        assert scores[5] < MAX_SCORES[5], scores
 
 
 # ---- feedback ----------------------------------------------------------------------------------------
