@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from assignment.config import Config, ConfigError, load_config, to_yaml
+from assignment.trainer.config import Config, ConfigError, load_config, to_yaml
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
 

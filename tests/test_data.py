@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from assignment.config import DataConfig
-from assignment.data import Curriculum, DataError, check_jsonl, load_problems, training_batch
-from assignment.reward import extract_answer
-from assignment.synthetic import build_tokenizer, make_problems
+from assignment.trainer.config import DataConfig
+from assignment.trainer.data import Curriculum, DataError, check_jsonl, load_problems, training_batch
+from assignment.trainer.reward import extract_answer
+from assignment.trainer.synthetic import build_tokenizer, make_problems
 
 RECORD = {"question": "What is 2 + 3?", "answer": "2 + 3 = <<2+3=5>>5\n#### 5"}
 

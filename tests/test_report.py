@@ -1,9 +1,9 @@
 """The run report: every section is filled from a real (tiny) run's files."""
 
-from assignment import cli
-from assignment.config import load_config
-from assignment.impl import load_impl
-from assignment.trainer import train
+from assignment.trainer import cli
+from assignment.trainer.config import load_config
+from assignment.trainer.impl import load_impl
+from assignment.trainer.loop import train
 
 
 def test_report_of_a_tiny_run(tmp_path, capsys):

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from assignment.config import RewardConfig
-from assignment.reward import extract_answer, normalize_number, reasoning_words, score
+from assignment.trainer.config import RewardConfig
+from assignment.trainer.reward import extract_answer, normalize_number, reasoning_words, score
 
 # Answer fields as they appear in OpenAI's GSM8K train/test files.
 REAL_ANSWERS = [

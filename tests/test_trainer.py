@@ -6,14 +6,14 @@ import json
 import pytest
 import torch
 
-from assignment import cli
-from assignment.config import load_config
-from assignment.impl import ImplError, load_impl
-from assignment.loading import build_models, clear_quantization_flags, load_tokenizer
+from assignment.trainer import cli
+from assignment.trainer.config import load_config
+from assignment.trainer.impl import ImplError, load_impl
+from assignment.trainer.loading import build_models, clear_quantization_flags, load_tokenizer
 from assignment.model import tiny_llama
-from assignment.ppo import KLController, UpdateConfig, minibatches, ppo_update, trim_padding
-from assignment.rollout import collect, render_prompts, response_mask_from_ids
-from assignment.trainer import RunDirError, train
+from assignment.trainer.ppo import KLController, UpdateConfig, minibatches, ppo_update, trim_padding
+from assignment.trainer.rollout import collect, render_prompts, response_mask_from_ids
+from assignment.trainer.loop import RunDirError, train
 
 SOLUTION = load_impl("solutions")
 TINY = ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", "ppo.epochs=2",
@@ -253,7 +253,7 @@ def test_clear_quantization_flags_on_a_flagged_model():
 def test_resume_keeps_the_impl_the_run_started_with(tmp_path):
     import json
 
-    from assignment.cli import _impl_of_run
+    from assignment.trainer.cli import _impl_of_run
 
     (tmp_path / "run.json").write_text(json.dumps([{"command": "ppo-train --config c.yaml --impl solutions"},
                                                    {"command": "ppo-train --resume r"}]))

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from assignment.config import Config, to_dict
+from assignment.trainer.config import Config, to_dict
 
 METRICS, EVALS, SAMPLES = "metrics.jsonl", "eval.jsonl", "samples.jsonl"
 

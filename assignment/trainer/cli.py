@@ -19,11 +19,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from assignment.config import ConfigError, load_config
-from assignment.data import DataError
-from assignment.impl import ImplError, load_impl
-from assignment.loading import ModelError
-from assignment.trainer import RunDirError, train
+from assignment.trainer.config import ConfigError, load_config
+from assignment.trainer.data import DataError
+from assignment.trainer.impl import ImplError, load_impl
+from assignment.trainer.loading import ModelError
+from assignment.trainer.loop import RunDirError, train
 
 USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError)
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.report:
-            from assignment.report import write_report
+            from assignment.trainer.report import write_report
 
             path = write_report(Path(args.report), Path(args.report_out) if args.report_out else None)
             print(f"wrote {path}")

@@ -12,8 +12,8 @@ import json
 import shutil
 from pathlib import Path
 
-from assignment.runlog import EVALS, METRICS, plot_run, read_jsonl
-from assignment.stats import two_proportion_z_test
+from assignment.trainer.runlog import EVALS, METRICS, plot_run, read_jsonl
+from assignment.trainer.stats import two_proportion_z_test
 
 WINDOW = 10
 TRAINING_KEYS = ["rollout/reward_mean", "rollout/correct_rate", "rollout/format_rate", "rollout/reasoning_rate",

@@ -50,7 +50,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    # "synthetic" (generated arithmetic, see assignment/synthetic.py) or "gsm8k".
+    # "synthetic" (generated arithmetic, see assignment/trainer/synthetic.py) or "gsm8k".
     task: str = "synthetic"
     # GSM8K from the hub: dataset id and config name...
     hub_id: str = "openai/gsm8k"

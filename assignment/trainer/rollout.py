@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from assignment.config import DataConfig, RolloutConfig
+from assignment.trainer.config import DataConfig, RolloutConfig
 from assignment.helpers import logprobs_from_logits
 from assignment.model import PolicyWithValueHead, position_ids_from_mask
 

@@ -11,11 +11,11 @@ from typing import Any, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from assignment.config import Config
-from assignment.data import Problem
+from assignment.trainer.config import Config
+from assignment.trainer.data import Problem
 from assignment.model import PolicyWithValueHead
-from assignment.reward import score
-from assignment.rollout import render_prompts, sample
+from assignment.trainer.reward import score
+from assignment.trainer.rollout import render_prompts, sample
 
 
 @dataclass

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import torch
 
-from assignment.config import Config, KLConfig
+from assignment.trainer.config import Config, KLConfig
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The CPU learning check: does PPO with these five exercises actually learn?
 
 It trains a tiny random-init Llama on the synthetic arithmetic task (the config defaults, see
-``assignment.config``; no download, CPU only) with the exercise module ``impl``, and compares
+``assignment.trainer.config``; no download, CPU only) with the exercise module ``impl``, and compares
 the mean training reward of the last 10 PPO steps with that of the first 10. The reference
 solution clears the default margin on every seed tried, while a sign-flipped policy loss
 (gradient ascent on the surrogate loss) does not (tests/test_learning_check.py).
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Sequence
 
-from assignment.config import load_config
-from assignment.trainer import train
+from assignment.trainer.config import load_config
+from assignment.trainer.loop import train
 
 WINDOW = 10
 # Keep the check quiet and light: no progress bars, samples, TensorBoard or mid-run checkpoints,
@@ -53,7 +53,7 @@ def run(impl: ModuleType, seed: int = 0, threshold: float = 0.15, overrides: Seq
     """Train ``impl`` on the synthetic task and compare the first and last 10 steps' rewards.
 
     Args:
-        impl: the exercise module (already loaded, e.g. by ``assignment.impl.load_impl``).
+        impl: the exercise module (already loaded, e.g. by ``assignment.trainer.impl.load_impl``).
         seed: ``train.seed``: model init, data, sampling.
         threshold: the check passes when last-10 mean - first-10 mean >= threshold.
         overrides: extra ``key=value`` config overrides (after the quiet defaults).

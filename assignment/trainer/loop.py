@@ -1,16 +1,16 @@
 """The PPO trainer the five exercises plug into: rollout, reward, advantages, update, repeat.
 
 ``train(cfg, impl)`` runs a whole training run and returns a ``RunResult``; the CLI
-(``assignment.cli``) and the autograder's learning check (``assignment.learning_check``) both
-call it. ``impl`` is the exercise module (see ``assignment.impl.load_impl``): the trainer calls
+(``assignment.trainer.cli``) and the autograder's learning check (``assignment.trainer.learning_check``) both
+call it. ``impl`` is the exercise module (see ``assignment.trainer.impl.load_impl``): the trainer calls
 ``impl.compute_gae_advantages`` and ``impl.ppo_minibatch_update`` and nothing else of it.
 
 One PPO step (Ouyang et al. 2022; Ziegler et al. 2019; TinyZero/verl):
-    1. sample B prompts, generate one response each (assignment.rollout)
-    2. score each response (assignment.reward) -> final_rewards (B,)
+    1. sample B prompts, generate one response each (assignment.trainer.rollout)
+    2. score each response (assignment.trainer.reward) -> final_rewards (B,)
     3. k1 KL penalty per token against the frozen reference -> kl_penalties (B, T)
     4. impl.compute_gae_advantages -> advantages, returns (B, T)
-    5. epochs x shuffled minibatches of impl.ppo_minibatch_update (assignment.ppo)
+    5. epochs x shuffled minibatches of impl.ppo_minibatch_update (assignment.trainer.ppo)
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from assignment import checkpoint
-from assignment.config import Config, to_yaml
-from assignment.data import Curriculum, load_problems, training_batch
-from assignment.evaluate import EvalResult, evaluate
-from assignment.loading import build_models, load_tokenizer
-from assignment.ppo import KLController, kl_penalties, ppo_update, sequence_kl
-from assignment.reward import score
-from assignment.rollout import collect, render_prompts
-from assignment.runlog import EVALS, METRICS, RunLogger, plot_run, read_jsonl
+from assignment.trainer import checkpoint
+from assignment.trainer.config import Config, to_yaml
+from assignment.trainer.data import Curriculum, load_problems, training_batch
+from assignment.trainer.evaluate import EvalResult, evaluate
+from assignment.trainer.loading import build_models, load_tokenizer
+from assignment.trainer.ppo import KLController, kl_penalties, ppo_update, sequence_kl
+from assignment.trainer.reward import score
+from assignment.trainer.rollout import collect, render_prompts
+from assignment.trainer.runlog import EVALS, METRICS, RunLogger, plot_run, read_jsonl
 
 
 def record_run(out: Path, command: str | None, resume: bool, seconds: float | None = None) -> None:
@@ -123,7 +123,7 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
     """Train with PPO as ``cfg`` says, using the exercises of ``impl``.
 
     Args:
-        cfg: the loaded config (``assignment.config.load_config``).
+        cfg: the loaded config (``assignment.trainer.config.load_config``).
         impl: the exercise module; only ``compute_gae_advantages`` and ``ppo_minibatch_update``
             are called on it.
         resume: continue from the checkpoint in ``cfg.train.output_dir`` instead of starting.
