@@ -11,7 +11,8 @@ from assignment.trainer.config import load_config
 from assignment.trainer.impl import ImplError, load_impl
 from assignment.trainer.loading import build_models, clear_quantization_flags, load_tokenizer
 from assignment.model import tiny_llama
-from assignment.trainer.ppo import KLController, UpdateConfig, minibatches, ppo_update, trim_padding
+from assignment.trainer.batch import minibatches, response_slice, trim_padding
+from assignment.trainer.ppo import KLController, UpdateConfig, ppo_update
 from assignment.trainer.rollout import collect, render_prompts, response_mask_from_ids
 from assignment.trainer.loop import RunDirError, train
 
@@ -53,12 +54,8 @@ def rollout_setup():
 
 
 def minibatch_of(rollout, rows):
-    s = rollout.sample
     zeros = torch.zeros_like(rollout.logprobs)
-    full = {"input_ids": rollout.input_ids, "attention_mask": rollout.attention_mask,
-            "response_ids": s.response_ids, "response_mask": s.response_mask, "logprobs_old": rollout.logprobs,
-            "values_old": rollout.values, "advantages": zeros + 1.0, "returns": zeros,
-            "prompt_length": rollout.prompt_length}
+    full = rollout.update_batch(advantages=zeros + 1.0, returns=zeros)
     return {k: (v[rows] if torch.is_tensor(v) else v) for k, v in full.items()}
 
 
@@ -98,10 +95,18 @@ def test_trim_padding_keeps_the_log_probs(rollout_setup):
     P, T = trimmed["prompt_length"], trimmed["response_ids"].shape[1]
     with torch.no_grad():
         logits, _ = policy(trimmed["input_ids"], trimmed["attention_mask"])
-    lp = torch.log_softmax(logits[:, P - 1:P + T - 1] / cfg.rollout.temperature, -1)
+    lp = torch.log_softmax(response_slice(logits, P, T) / cfg.rollout.temperature, -1)
     lp = lp.gather(-1, trimmed["response_ids"].unsqueeze(-1)).squeeze(-1)
     m = trimmed["response_mask"]
     assert torch.allclose(lp[m], trimmed["logprobs_old"][m], atol=1e-5)
+
+
+def test_response_slice_is_the_columns_that_predict_the_response():
+    P, T = 3, 2
+    x = torch.arange(2 * (P + T)).reshape(2, P + T)  # (B, P+T): row b holds 5b + column
+    assert response_slice(x, P, T).tolist() == [[2, 3], [7, 8]]  # columns P-1 .. P+T-2
+    logits = torch.randn(2, P + T, 7)
+    assert response_slice(logits, P, T).shape == (2, T, 7) and torch.equal(response_slice(logits, P, T), logits[:, 2:4])
 
 
 def test_minibatches_cover_every_row_once_per_epoch(rollout_setup):
