@@ -1,14 +1,17 @@
 """The trainer around the exercises: rollout masks, slice alignment, the update loop, runs,
 resume, the CLI's clear errors, and GGUF quantization flags."""
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from assignment.trainer import cli
 from assignment.trainer.config import load_config
-from assignment.trainer.impl import ImplError, load_impl
+from assignment.trainer.impl import ImplError, load_impl, load_module
 from assignment.trainer.loading import build_models, clear_quantization_flags, load_tokenizer
 from assignment.model import tiny_llama
 from assignment.trainer.batch import minibatches, response_slice, trim_padding
@@ -20,6 +23,9 @@ SOLUTION = load_impl("solutions")
 TINY = ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", "ppo.epochs=2",
         "rollout.max_new_tokens=4", "eval.size=8", "train.steps=3", "train.progress=false",
         "train.sample_every=2", "train.tensorboard=false"]
+
+
+GSM8K_SAMPLE = Path(__file__).resolve().parent / "data" / "gsm8k"
 
 
 def tiny_cfg(tmp_path, *extra):
@@ -109,6 +115,21 @@ def test_response_slice_is_the_columns_that_predict_the_response():
     assert response_slice(logits, P, T).shape == (2, T, 7) and torch.equal(response_slice(logits, P, T), logits[:, 2:4])
 
 
+def test_the_batch_module_imports_only_torch():
+    """The grader imports assignment.trainer.batch: importing it (and the packages above it)
+    must not pull in transformers, omegaconf or the rest of the trainer."""
+    import ast
+
+    import assignment.trainer.batch as batch_module
+
+    for path in (batch_module.__file__, Path(batch_module.__file__).with_name("__init__.py")):
+        tree = ast.parse(Path(path).read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert imported <= {"__future__", "typing", "torch"}, (path, imported)
+
+
 def test_minibatches_cover_every_row_once_per_epoch(rollout_setup):
     cfg, tok, policy, rollout = rollout_setup
     batch = minibatch_of(rollout, torch.arange(8))
@@ -168,6 +189,17 @@ def test_a_short_run_writes_everything(tmp_path):
         train(tiny_cfg(tmp_path), SOLUTION)
 
 
+def test_a_gsm8k_run_on_the_committed_sample(tmp_path):
+    """The GSM8K path end to end (problems drawn from the train split, graded on the test
+    split), with the tiny synthetic model: it reads GSM8K text as unknown tokens, which is enough."""
+    result = train(tiny_cfg(tmp_path, "data.task=gsm8k", f"data.local_dir={GSM8K_SAMPLE}", "train.steps=1",
+                            "rollout.max_prompt_tokens=32"), SOLUTION)
+    assert [m["step"] for m in result.metrics] == [1] and [e["eval/n"] for e in result.evals] == [8, 8]
+    assert "rollout/max_operand" not in result.metrics[0]  # the curriculum is the synthetic task's
+    questions = {json.loads(line)["question"] for line in (GSM8K_SAMPLE / "train.jsonl").read_text().splitlines()}
+    assert result.samples and all(sample["question"] in questions for sample in result.samples)
+
+
 def test_resume_continues_a_killed_run_exactly(tmp_path):
     straight = train(tiny_cfg(tmp_path / "a", "train.steps=4"), SOLUTION)
 
@@ -224,9 +256,31 @@ def test_cli_submission_that_fails_to_import(capsys, tmp_path):
         load_impl(str(tmp_path / "missing.py"))
 
 
+@pytest.fixture
+def student_release(monkeypatch):
+    """As in the student release: no solutions package to find."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "solutions" else find_spec(name, *args))
+
+
 def test_cli_unimplemented_exercise(capsys, tmp_path):
     code, err = run_cli(capsys, *TINY, f"train.output_dir={tmp_path / 'run'}")  # the blank assignment
     assert code == 2 and "Exercise 4 (compute_gae_advantages) is not implemented yet" in err
+    assert "Fill it in in assignment/exercises.py, or run --impl solutions." in err
+
+
+def test_cli_unimplemented_exercise_in_the_student_release(capsys, tmp_path, student_release):
+    code, err = run_cli(capsys, *TINY, f"train.output_dir={tmp_path / 'run'}")
+    assert code == 2 and "Exercise 4 (compute_gae_advantages) is not implemented yet" in err
+    assert "Fill it in in assignment/exercises.py" in err and "solutions" not in err
+
+
+def test_impl_solutions_in_the_student_release_is_a_clear_error(capsys, tmp_path, student_release):
+    with pytest.raises(ImplError, match="reference solution is not part of"):
+        load_impl("solutions")
+    code, err = run_cli(capsys, "--impl", "solutions", f"train.output_dir={tmp_path / 'run'}")
+    assert code == 2 and "ModuleNotFoundError" not in err and "--impl assignment" in err
 
 
 def test_impl_loaded_by_path_is_a_fresh_module(tmp_path):
@@ -234,6 +288,22 @@ def test_impl_loaded_by_path_is_a_fresh_module(tmp_path):
     path.write_text(open(SOLUTION.__file__).read())
     module = load_impl(str(path))
     assert module is not SOLUTION and module.ppo_minibatch_update is not SOLUTION.ppo_minibatch_update
+    assert load_impl(str(path)) is not module  # the same file twice: two modules, no shared state
+
+
+def test_load_module_registers_a_fresh_name_and_cleans_up_a_failure(tmp_path):
+    good = tmp_path / "good.py"
+    good.write_text("import sys\nNAME_SEEN = __name__ in sys.modules\n")
+    first, second = load_module(good), load_module(good)
+    assert first.__name__ != second.__name__ and first.NAME_SEEN and sys.modules[first.__name__] is first
+    assert load_module(good, name="_test_named_module").__name__ == "_test_named_module"
+    sys.modules.pop("_test_named_module")
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys\nNAME = __name__\nraise ValueError('boom')\n")
+    before = set(sys.modules)
+    with pytest.raises(ValueError, match="boom"):  # the file's own exception, unchanged
+        load_module(bad)
+    assert set(sys.modules) == before
 
 
 # --- GGUF quantization flags ----------------------------------------------------------------
