@@ -260,8 +260,14 @@ def test_cli_submission_that_fails_to_import(capsys, tmp_path):
 def student_release(monkeypatch):
     """As in the student release: no solutions package to find."""
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *args: None if name == "solutions" else find_spec(name, *args))
+    def without_solutions(name, *args):
+        if name == "solutions":
+            return None
+        if name.startswith("solutions."):  # what find_spec does when the parent package is missing
+            raise ModuleNotFoundError("No module named 'solutions'")
+        return find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_solutions)
 
 
 def test_cli_unimplemented_exercise(capsys, tmp_path):

@@ -65,8 +65,12 @@ def load_module(path: str | os.PathLike, name: str | None = None) -> ModuleType:
 
 def reference_available() -> bool:
     """Whether the reference solution can be imported: in the staff repository, not in the
-    student release."""
-    return importlib.util.find_spec("solutions") is not None
+    student release. Asks for ``solutions.exercises``, not just ``solutions``: any folder named
+    ``solutions`` on the path (a student's notes) would pass for a namespace package."""
+    try:
+        return importlib.util.find_spec(MODULES["solutions"]) is not None
+    except ImportError:  # no parent package "solutions" at all
+        return False
 
 
 def load_impl(spec: str) -> ModuleType:

@@ -233,9 +233,9 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     if cfg.data.task == "synthetic":
         metrics["rollout/max_operand"] = run.curriculum.level
         run.curriculum.update(metrics["rollout/correct_rate"])
-    samples = [{"question": problem.question, "response": text, "reference": problem.answer, "reward": scored.reward}
-               for problem, text, scored in list(zip(problems, texts, scores))[: cfg.train.num_samples]]
-    return metrics, samples
+    samples = [{"question": problem.question, "response": text, "reference": problem.answer,
+                "reward": scored.reward} for problem, text, scored in zip(problems, texts, scores)]
+    return metrics, samples[: cfg.train.num_samples]
 
 
 def score_responses(texts: list[str], problems: list[Problem], responses: Sample, cfg: RewardConfig) -> list[Score]:
@@ -321,6 +321,8 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
 
 def _train(cfg: Config, impl: ModuleType, resume: bool, on_step: Callable[[int, dict[str, float]], None] | None,
            command: str | None) -> RunResult:
+    """The schedule: set up, evaluate, then PPO steps with samples, evaluations and checkpoints
+    between them when due; the last evaluation and checkpoint, the reward curve, the result."""
     started = time.time()
     out = open_run_dir(cfg, resume, command)
     run = setup_run(cfg, out, resume)

@@ -78,8 +78,10 @@ def _samples(run_dir: Path, before_step: int, after_step: int) -> list[str]:
     lines = ["## Sample generations (greedy, the first test problems)", ""]
     for old, new in list(zip(before, after))[:NUM_SAMPLES]:
         lines += [f"**Question** (reference answer {old['reference']}):", "", _block(old["question"]), "",
-                  f"Before (correct: {old['correct']}, formatted: {old['formatted']}):", "", _block(old["response"]), "",
-                  f"After (correct: {new['correct']}, formatted: {new['formatted']}):", "", _block(new["response"]), ""]
+                  f"Before (correct: {old['correct']}, formatted: {old['formatted']}):", "",
+                  _block(old["response"]), "",
+                  f"After (correct: {new['correct']}, formatted: {new['formatted']}):", "",
+                  _block(new["response"]), ""]
     return lines
 
 

@@ -6,9 +6,9 @@ column ``P-1``; responses follow, right-padded to ``T`` (``assignment.trainer.ba
 
 ``logprobs_old`` and ``values`` come from a forward pass of the *same* ``PolicyWithValueHead``
 on the full (prompt + response) sequence, cut by ``batch.response_slice`` (``[P-1 : P+T-1]``)
-and divided by the sampling temperature, exactly as ``ppo_minibatch_update`` slices them (CONTRACT.md, 5). So at the first
-minibatch of the first epoch the PPO ratio is exactly 1 (up to float rounding), which the
-generation scores would not guarantee. As in TRL and verl, ``logprobs_old`` is the full
+and divided by the sampling temperature, exactly as ``ppo_minibatch_update`` slices them
+(CONTRACT.md, 5). So at the first minibatch of the first epoch the PPO ratio is exactly 1 (up
+to float rounding), which the generation scores would not guarantee. As in TRL and verl, ``logprobs_old`` is the full
 tempered softmax, without the top-k / top-p truncation that sampling applied.
 """
 
