@@ -130,6 +130,17 @@ def test_the_batch_module_imports_only_torch():
         assert imported <= {"__future__", "typing", "torch"}, (path, imported)
 
 
+def test_the_reward_window_imports_without_the_trainer():
+    """The autograder imports runlog.REWARD_WINDOW: no omegaconf, torch or transformers with it."""
+    import subprocess
+
+    code = ("import sys, assignment.trainer.runlog as runlog; "
+            "print(runlog.REWARD_WINDOW, sorted({'omegaconf', 'torch', 'transformers'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["10", "[]"]
+
+
 def test_minibatches_cover_every_row_once_per_epoch(rollout_setup):
     cfg, tok, policy, rollout = rollout_setup
     batch = minibatch_of(rollout, torch.arange(8))
