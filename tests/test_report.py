@@ -8,7 +8,7 @@ from assignment.trainer.loop import train
 
 def test_report_of_a_tiny_run(tmp_path, capsys):
     cfg = load_config(None, ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", "eval.size=6",
-                             "train.steps=2", "train.progress=false", "train.tensorboard=false",
+                             "train.steps=2", "train.progress=false", "train.tensorboard=false", "train.cpu_threads=1",
                              f"train.output_dir={tmp_path / 'run'}"])
     train(cfg, load_impl("solutions"), command="ppo-train tiny")
     out = tmp_path / "reports" / "tiny.md"

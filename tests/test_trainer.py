@@ -22,7 +22,8 @@ from assignment.trainer.loop import RunDirError, train
 SOLUTION = load_impl("solutions")
 TINY = ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", "ppo.epochs=2",
         "rollout.max_new_tokens=4", "eval.size=8", "train.steps=3", "train.progress=false",
-        "train.sample_every=2", "train.tensorboard=false"]
+        "train.sample_every=2", "train.tensorboard=false",
+        "train.cpu_threads=1"]  # fastest for a tiny model, and immune to a busy machine (config.py)
 
 
 GSM8K_SAMPLE = Path(__file__).resolve().parent / "data" / "gsm8k"
