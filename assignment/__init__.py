@@ -1,6 +1,10 @@
-"""The student-facing package: the exercise module (``exercises.py``) and what it builds on.
+"""The student-facing package, in three parts:
 
-Students edit exactly one file, ``assignment/exercises.py``. Everything else here is given.
+- you edit ``exercises.py``: the five graded blanks, and the only file you submit;
+- you use ``helpers.py`` (masked reductions, log-probs) and ``model.py`` (the policy with its
+  value head): given code, already tested, never graded;
+- you run ``trainer/``: the PPO trainer your five functions plug into
+  (``ppo-train`` or ``python -m assignment.trainer``). You never need to edit it.
 """
 
 # The five graded exercises, in the order the handout teaches them (CONTRACT.md).

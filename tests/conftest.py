@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from assignment.trainer.impl import load_module
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -20,11 +22,7 @@ def load_impl(spec: str):
     """The exercise module named by ``spec`` (see --impl)."""
     if spec in ("assignment", "solutions"):
         return importlib.import_module(f"{spec}.exercises")
-    path = Path(spec).resolve()
-    module_spec = importlib.util.spec_from_file_location(f"impl_{path.stem}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
+    return load_module(Path(spec).resolve())
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from assignment.config import Config, ConfigError, load_config, to_yaml
+from assignment.trainer.config import Config, ConfigError, load_config, to_yaml
 
 CONFIGS = sorted(Path(__file__).resolve().parents[1].joinpath("configs").glob("*.yaml"))
 
@@ -33,6 +33,18 @@ def test_env_var_interpolation(monkeypatch):
     monkeypatch.setenv("GSM8K_DIR", "/somewhere/data")
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "gsm8k_smollm2.yaml")
     assert cfg.model.name == "/somewhere/model" and cfg.data.local_dir == "/somewhere/data"
+
+
+def test_gsm8k_configs_default_to_the_hub(monkeypatch):
+    monkeypatch.delenv("GSM8K_DIR", raising=False)
+    for name in ("gsm8k_smollm2.yaml", "gsm8k_qwen2.5-0.5b.yaml"):
+        data = load_config(Path(__file__).resolve().parents[1] / "configs" / name).data
+        assert data.local_dir is None and data.hub_id == "openai/gsm8k", name
+
+
+def test_no_config_names_a_folder_of_this_workplace():
+    for path in CONFIGS:
+        assert "/work/" not in path.read_text(), path.name
 
 
 def test_config_is_frozen():

@@ -1,15 +1,17 @@
 """Data: GSM8K jsonl checking and loading, the synthetic task, its tokenizer, the curriculum."""
 
 import json
+from pathlib import Path
 
 import pytest
 
-from assignment.config import DataConfig
-from assignment.data import Curriculum, DataError, check_jsonl, load_problems, training_batch
-from assignment.reward import extract_answer
-from assignment.synthetic import build_tokenizer, make_problems
+from assignment.trainer.config import DataConfig
+from assignment.trainer.data import Curriculum, DataError, check_jsonl, load_problems, training_batch
+from assignment.trainer.reward import extract_answer
+from assignment.trainer.synthetic import build_tokenizer, make_problems
 
 RECORD = {"question": "What is 2 + 3?", "answer": "2 + 3 = <<2+3=5>>5\n#### 5"}
+GSM8K_SAMPLE = Path(__file__).resolve().parent / "data" / "gsm8k"  # real GSM8K lines, see its README.md
 
 
 def write_split(folder, name, lines):
@@ -38,6 +40,13 @@ def test_local_gsm8k_folder_loads_with_datasets(tmp_path):
     splits = load_problems(DataConfig(task="gsm8k", local_dir=str(tmp_path), max_train=2), seed=0)
     assert [p.answer for p in splits["train"]] == ["5", "5"]
     assert splits["test"][0].question == "Q" and splits["test"][0].answer == "1250"
+
+
+def test_the_committed_gsm8k_sample_loads():
+    splits = load_problems(DataConfig(task="gsm8k", local_dir=str(GSM8K_SAMPLE)), seed=0)
+    assert (len(splits["train"]), len(splits["test"])) == (40, 20)
+    assert splits["train"][0].answer == "72" and splits["train"][0].question.startswith("Natalia sold clips")
+    assert (GSM8K_SAMPLE / "LICENSE").read_text().startswith("MIT License")
 
 
 def test_synthetic_problems_are_correct_and_deterministic():

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from assignment.impl import load_impl
-from assignment.learning_check import run
+from assignment.trainer.impl import load_impl
+from assignment.trainer.learning_check import run
 
 SOLUTION_FILE = Path(__file__).resolve().parents[1] / "solutions" / "exercises.py"
 

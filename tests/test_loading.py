@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from assignment.config import ModelConfig
-from assignment.loading import ModelError, build_models, load_lm
-from assignment.synthetic import build_tokenizer
+from assignment.trainer.config import ModelConfig
+from assignment.trainer.loading import ModelError, build_models, load_lm
+from assignment.trainer.synthetic import build_tokenizer
 
 gguf = pytest.importorskip("gguf")
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from assignment.stats import two_proportion_z_test
+from assignment.trainer.stats import two_proportion_z_test
 
 
 def test_textbook_example():

@@ -1,24 +1,32 @@
 """The trainer around the exercises: rollout masks, slice alignment, the update loop, runs,
 resume, the CLI's clear errors, and GGUF quantization flags."""
 
+import importlib.util
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from assignment import cli
-from assignment.config import load_config
-from assignment.impl import ImplError, load_impl
-from assignment.loading import build_models, clear_quantization_flags, load_tokenizer
+from assignment.trainer import cli
+from assignment.trainer.config import load_config
+from assignment.trainer.impl import ImplError, load_impl, load_module
+from assignment.trainer.loading import build_models, clear_quantization_flags, load_tokenizer
 from assignment.model import tiny_llama
-from assignment.ppo import KLController, UpdateConfig, minibatches, ppo_update, trim_padding
-from assignment.rollout import collect, render_prompts, response_mask_from_ids
-from assignment.trainer import RunDirError, train
+from assignment.trainer.batch import minibatches, response_slice, trim_padding
+from assignment.trainer.ppo import KLController, UpdateConfig, ppo_update
+from assignment.trainer.rollout import collect, render_prompts, response_mask_from_ids
+from assignment.trainer.loop import RunDirError, train
 
 SOLUTION = load_impl("solutions")
 TINY = ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", "ppo.epochs=2",
         "rollout.max_new_tokens=4", "eval.size=8", "train.steps=3", "train.progress=false",
-        "train.sample_every=2", "train.tensorboard=false"]
+        "train.sample_every=2", "train.tensorboard=false",
+        "train.cpu_threads=1"]  # fastest for a tiny model, and immune to a busy machine (config.py)
+
+
+GSM8K_SAMPLE = Path(__file__).resolve().parent / "data" / "gsm8k"
 
 
 def tiny_cfg(tmp_path, *extra):
@@ -53,12 +61,8 @@ def rollout_setup():
 
 
 def minibatch_of(rollout, rows):
-    s = rollout.sample
     zeros = torch.zeros_like(rollout.logprobs)
-    full = {"input_ids": rollout.input_ids, "attention_mask": rollout.attention_mask,
-            "response_ids": s.response_ids, "response_mask": s.response_mask, "logprobs_old": rollout.logprobs,
-            "values_old": rollout.values, "advantages": zeros + 1.0, "returns": zeros,
-            "prompt_length": rollout.prompt_length}
+    full = rollout.update_batch(advantages=zeros + 1.0, returns=zeros)
     return {k: (v[rows] if torch.is_tensor(v) else v) for k, v in full.items()}
 
 
@@ -98,10 +102,44 @@ def test_trim_padding_keeps_the_log_probs(rollout_setup):
     P, T = trimmed["prompt_length"], trimmed["response_ids"].shape[1]
     with torch.no_grad():
         logits, _ = policy(trimmed["input_ids"], trimmed["attention_mask"])
-    lp = torch.log_softmax(logits[:, P - 1:P + T - 1] / cfg.rollout.temperature, -1)
+    lp = torch.log_softmax(response_slice(logits, P, T) / cfg.rollout.temperature, -1)
     lp = lp.gather(-1, trimmed["response_ids"].unsqueeze(-1)).squeeze(-1)
     m = trimmed["response_mask"]
     assert torch.allclose(lp[m], trimmed["logprobs_old"][m], atol=1e-5)
+
+
+def test_response_slice_is_the_columns_that_predict_the_response():
+    P, T = 3, 2
+    x = torch.arange(2 * (P + T)).reshape(2, P + T)  # (B, P+T): row b holds 5b + column
+    assert response_slice(x, P, T).tolist() == [[2, 3], [7, 8]]  # columns P-1 .. P+T-2
+    logits = torch.randn(2, P + T, 7)
+    assert response_slice(logits, P, T).shape == (2, T, 7) and torch.equal(response_slice(logits, P, T), logits[:, 2:4])
+
+
+def test_the_batch_module_imports_only_torch():
+    """The grader imports assignment.trainer.batch: importing it (and the packages above it)
+    must not pull in transformers, omegaconf or the rest of the trainer."""
+    import ast
+
+    import assignment.trainer.batch as batch_module
+
+    for path in (batch_module.__file__, Path(batch_module.__file__).with_name("__init__.py")):
+        tree = ast.parse(Path(path).read_text())
+        imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for alias in node.names}
+        imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert imported <= {"__future__", "typing", "torch"}, (path, imported)
+
+
+def test_the_reward_window_imports_without_the_trainer():
+    """The autograder imports runlog.REWARD_WINDOW: no omegaconf, torch or transformers with it."""
+    import subprocess
+
+    code = ("import sys, assignment.trainer.runlog as runlog; "
+            "print(runlog.REWARD_WINDOW, sorted({'omegaconf', 'torch', 'transformers'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["10", "[]"]
 
 
 def test_minibatches_cover_every_row_once_per_epoch(rollout_setup):
@@ -163,6 +201,17 @@ def test_a_short_run_writes_everything(tmp_path):
         train(tiny_cfg(tmp_path), SOLUTION)
 
 
+def test_a_gsm8k_run_on_the_committed_sample(tmp_path):
+    """The GSM8K path end to end (problems drawn from the train split, graded on the test
+    split), with the tiny synthetic model: it reads GSM8K text as unknown tokens, which is enough."""
+    result = train(tiny_cfg(tmp_path, "data.task=gsm8k", f"data.local_dir={GSM8K_SAMPLE}", "train.steps=1",
+                            "rollout.max_prompt_tokens=32"), SOLUTION)
+    assert [m["step"] for m in result.metrics] == [1] and [e["eval/n"] for e in result.evals] == [8, 8]
+    assert "rollout/max_operand" not in result.metrics[0]  # the curriculum is the synthetic task's
+    questions = {json.loads(line)["question"] for line in (GSM8K_SAMPLE / "train.jsonl").read_text().splitlines()}
+    assert result.samples and all(sample["question"] in questions for sample in result.samples)
+
+
 def test_resume_continues_a_killed_run_exactly(tmp_path):
     straight = train(tiny_cfg(tmp_path / "a", "train.steps=4"), SOLUTION)
 
@@ -219,9 +268,37 @@ def test_cli_submission_that_fails_to_import(capsys, tmp_path):
         load_impl(str(tmp_path / "missing.py"))
 
 
+@pytest.fixture
+def student_release(monkeypatch):
+    """As in the student release: no solutions package to find."""
+    find_spec = importlib.util.find_spec
+    def without_solutions(name, *args):
+        if name == "solutions":
+            return None
+        if name.startswith("solutions."):  # what find_spec does when the parent package is missing
+            raise ModuleNotFoundError("No module named 'solutions'")
+        return find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_solutions)
+
+
 def test_cli_unimplemented_exercise(capsys, tmp_path):
     code, err = run_cli(capsys, *TINY, f"train.output_dir={tmp_path / 'run'}")  # the blank assignment
     assert code == 2 and "Exercise 4 (compute_gae_advantages) is not implemented yet" in err
+    assert "Fill it in in assignment/exercises.py, or run --impl solutions." in err
+
+
+def test_cli_unimplemented_exercise_in_the_student_release(capsys, tmp_path, student_release):
+    code, err = run_cli(capsys, *TINY, f"train.output_dir={tmp_path / 'run'}")
+    assert code == 2 and "Exercise 4 (compute_gae_advantages) is not implemented yet" in err
+    assert "Fill it in in assignment/exercises.py" in err and "solutions" not in err
+
+
+def test_impl_solutions_in_the_student_release_is_a_clear_error(capsys, tmp_path, student_release):
+    with pytest.raises(ImplError, match="reference solution is not part of"):
+        load_impl("solutions")
+    code, err = run_cli(capsys, "--impl", "solutions", f"train.output_dir={tmp_path / 'run'}")
+    assert code == 2 and "ModuleNotFoundError" not in err and "--impl assignment" in err
 
 
 def test_impl_loaded_by_path_is_a_fresh_module(tmp_path):
@@ -229,6 +306,22 @@ def test_impl_loaded_by_path_is_a_fresh_module(tmp_path):
     path.write_text(open(SOLUTION.__file__).read())
     module = load_impl(str(path))
     assert module is not SOLUTION and module.ppo_minibatch_update is not SOLUTION.ppo_minibatch_update
+    assert load_impl(str(path)) is not module  # the same file twice: two modules, no shared state
+
+
+def test_load_module_registers_a_fresh_name_and_cleans_up_a_failure(tmp_path):
+    good = tmp_path / "good.py"
+    good.write_text("import sys\nNAME_SEEN = __name__ in sys.modules\n")
+    first, second = load_module(good), load_module(good)
+    assert first.__name__ != second.__name__ and first.NAME_SEEN and sys.modules[first.__name__] is first
+    assert load_module(good, name="_test_named_module").__name__ == "_test_named_module"
+    sys.modules.pop("_test_named_module")
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sys\nNAME = __name__\nraise ValueError('boom')\n")
+    before = set(sys.modules)
+    with pytest.raises(ValueError, match="boom"):  # the file's own exception, unchanged
+        load_module(bad)
+    assert set(sys.modules) == before
 
 
 # --- GGUF quantization flags ----------------------------------------------------------------
@@ -253,7 +346,7 @@ def test_clear_quantization_flags_on_a_flagged_model():
 def test_resume_keeps_the_impl_the_run_started_with(tmp_path):
     import json
 
-    from assignment.cli import _impl_of_run
+    from assignment.trainer.cli import _impl_of_run
 
     (tmp_path / "run.json").write_text(json.dumps([{"command": "ppo-train --config c.yaml --impl solutions"},
                                                    {"command": "ppo-train --resume r"}]))

@@ -1,14 +1,14 @@
 """``ppo-train``: train with PPO from a config file. Thin: parse, call ``train``, print.
 
     ppo-train --config configs/cpu_synthetic.yaml                   # the student's exercises
-    ppo-train --config configs/cpu_synthetic.yaml --impl solutions  # the reference solution
+    ppo-train --config configs/cpu_synthetic.yaml --impl solutions  # the reference (staff repository)
     ppo-train --config configs/gsm8k_smollm2.yaml ppo.lr=1e-6 train.steps=10
     ppo-train --resume runs/cpu_synthetic                           # continue a killed run
     ppo-train --report runs/gsm8k_smollm2 --report-out reports/gsm8k_smollm2.md
 
 Problems the user can fix (a bad config key, malformed data, a missing model file, a
 submission that does not import, an exercise not yet written) are printed as one message,
-without a traceback, and exit with status 2.
+without a traceback, and exit with status 2. ``python -m assignment.trainer`` is the same command.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from assignment.config import ConfigError, load_config
-from assignment.data import DataError
-from assignment.impl import ImplError, load_impl
-from assignment.loading import ModelError
-from assignment.trainer import RunDirError, train
+from assignment.trainer.config import ConfigError, load_config
+from assignment.trainer.data import DataError
+from assignment.trainer.impl import ImplError, load_impl, reference_available
+from assignment.trainer.loading import ModelError
+from assignment.trainer.loop import RunDirError, RunResult, train
+from assignment.trainer.runlog import REWARD_WINDOW
 
 USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError)
 
@@ -32,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ppo-train", description="Train a language model with PPO on GSM8K-style math.")
     parser.add_argument("--config", help="YAML config in configs/ (defaults: the CPU synthetic task)")
     parser.add_argument("--impl", default=None,
-                        help="whose exercises to run: assignment (default), solutions, or a path to a .py file")
+                        help="whose exercises to run: assignment (default: assignment/exercises.py), solutions "
+                             "(the reference, in the staff repository only), or a path to a .py file")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint, "
                         "with the config saved there (overrides still apply)")
     parser.add_argument("--report", metavar="RUN_DIR", help="write a Markdown report of a finished run and exit")
@@ -51,11 +53,21 @@ def _impl_of_run(run_dir: Path) -> str | None:
     return words[words.index("--impl") + 1] if "--impl" in words[:-1] else None
 
 
+def unimplemented_advice(impl: str) -> str:
+    """What to do about a blank exercise of the submission ``impl``. The reference solution is
+    suggested only where it exists: the student release has no ``solutions`` package."""
+    where = "assignment/exercises.py" if impl == "assignment" else impl
+    if reference_available():
+        return f"Fill it in in {where}, or run --impl solutions."
+    return f"Fill it in in {where} (its docstring and handout.md say how), then run again."
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    impl_spec = args.impl or (_impl_of_run(Path(args.resume)) if args.resume else None) or "assignment"
     try:
         if args.report:
-            from assignment.report import write_report
+            from assignment.trainer.report import write_report
 
             path = write_report(Path(args.report), Path(args.report_out) if args.report_out else None)
             print(f"wrote {path}")
@@ -66,28 +78,33 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(Path(args.resume) / "config.yaml", args.overrides + [f"train.output_dir={args.resume}"])
         else:
             cfg = load_config(args.config, args.overrides)
-        impl = load_impl(args.impl or (_impl_of_run(Path(args.resume)) if args.resume else None) or "assignment")
-        command = "ppo-train " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+        impl = load_impl(impl_spec)
+        command = "ppo-train " + " ".join(shlex.quote(arg) for arg in (argv if argv is not None else sys.argv[1:]))
         result = train(cfg, impl, resume=bool(args.resume), command=command)
     except USER_ERRORS as err:
         print(f"ppo-train: {err}", file=sys.stderr)
         return 2
     except NotImplementedError as err:
-        print(f"ppo-train: {err}. Fill it in in assignment/exercises.py, or run --impl solutions.", file=sys.stderr)
+        print(f"ppo-train: {err}. {unimplemented_advice(impl_spec)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ppo-train: interrupted; continue with --resume RUN_DIR (from the last checkpoint)", file=sys.stderr)
         return 130
+    print_summary(result)
+    return 0
+
+
+def print_summary(result: RunResult) -> None:
     rewards = result.rewards()
-    k = min(10, len(rewards))
+    window = min(REWARD_WINDOW, len(rewards))
     print(f"done in {result.seconds:.0f} s: {result.output_dir}")
-    print(f"training reward: first {k} steps {sum(rewards[:k]) / k:.3f}, last {k} steps {sum(rewards[-k:]) / k:.3f}")
+    print(f"training reward: first {window} steps {sum(rewards[:window]) / window:.3f}, "
+          f"last {window} steps {sum(rewards[-window:]) / window:.3f}")
     if result.evals:
         first, last = result.evals[0], result.evals[-1]
         print(f"eval strict accuracy {first['eval/accuracy']:.3f} -> {last['eval/accuracy']:.3f}, "
               f"format rate {first['eval/format_rate']:.3f} -> {last['eval/format_rate']:.3f}")
     print(f"reward curve: {result.output_dir / 'reward_curve.png'}")
-    return 0
 
 
 if __name__ == "__main__":

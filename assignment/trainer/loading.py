@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from assignment.config import ModelConfig
+from assignment.trainer.config import ModelConfig
 from assignment.model import PolicyWithValueHead, tiny_llama
-from assignment.synthetic import build_tokenizer
+from assignment.trainer.synthetic import build_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from assignment.config import RewardConfig
+from assignment.trainer.config import RewardConfig
 
 # '#### ' then an optional '$', a sign, digits with optional thousands commas and decimals.
 _ANSWER = re.compile(r"####\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)")

@@ -14,9 +14,9 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from assignment.config import DataConfig
-from assignment.reward import extract_answer
-from assignment.synthetic import make_problems
+from assignment.trainer.config import DataConfig
+from assignment.trainer.reward import extract_answer
+from assignment.trainer.synthetic import make_problems
 
 SPLITS = ("train", "test")
 
@@ -28,7 +28,7 @@ class DataError(ValueError):
 @dataclass(frozen=True)
 class Problem:
     question: str
-    # The normalised reference answer, as ``assignment.reward.extract_answer`` returns it.
+    # The normalised reference answer, as ``assignment.trainer.reward.extract_answer`` returns it.
     answer: str
 
 

@@ -1,4 +1,4 @@
-"""The PPO step around the exercises: KL penalty and controller, advantages, the update loop.
+"""The PPO step around the exercises: the KL penalty and its controller, the update loop.
 
 Shapes: ``B`` responses, ``P`` padded prompt length, ``T`` padded response length.
 
@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-from assignment.config import Config, KLConfig
+from assignment.trainer.batch import minibatches
+from assignment.trainer.config import Config, KLConfig
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,9 @@ class UpdateConfig:
 
     @classmethod
     def from_config(cls, cfg: Config) -> "UpdateConfig":
-        p = cfg.ppo
-        return cls(cfg.rollout.temperature, p.clip_ratio, p.clip_range_value, p.vf_coeff, p.entropy_coeff,
-                   p.grad_accum_steps, p.max_grad_norm)
+        ppo = cfg.ppo
+        return cls(cfg.rollout.temperature, ppo.clip_ratio, ppo.clip_range_value, ppo.vf_coeff, ppo.entropy_coeff,
+                   ppo.grad_accum_steps, ppo.max_grad_norm)
 
 
 class KLController:
@@ -72,34 +73,6 @@ def kl_penalties(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_ma
 def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """(B,) k1 estimate of KL(policy || reference) summed over each response's real tokens."""
     return torch.where(response_mask.bool(), logprobs - ref_logprobs, 0.0).sum(dim=-1)
-
-
-def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
-    """Drop the prompt columns that are padding in every row and the response columns past the
-    longest response: less compute, identical results (positions come from the mask).
-
-    ``batch`` holds (b, P+T) ``input_ids`` / ``attention_mask``, (b, T) response tensors and
-    the int ``prompt_length``; the result has the same keys with a smaller P and T.
-    """
-    P = batch["prompt_length"]
-    prompt_mask = batch["attention_mask"][:, :P]
-    first = int((prompt_mask.sum(dim=0) > 0).nonzero().min()) if P > 0 else 0
-    T = max(int(batch["response_mask"].sum(dim=-1).max()), 1)
-    # Every other (b, T) tensor is a response tensor; per-row (b,) tensors pass unchanged.
-    out = {k: (v[:, :T] if torch.is_tensor(v) and v.dim() == 2 else v) for k, v in batch.items()}
-    for k in ("input_ids", "attention_mask"):
-        out[k] = batch[k][:, first:P + T]
-    out["prompt_length"] = P - first
-    return out
-
-
-def minibatches(batch: dict[str, Any], minibatch_size: int, generator: torch.Generator) -> Iterator[dict[str, Any]]:
-    """One epoch of shuffled minibatches of ``batch`` (rows are responses), padding trimmed."""
-    B = batch["input_ids"].shape[0]
-    order = torch.randperm(B, generator=generator)
-    for start in range(0, B, minibatch_size):
-        rows = order[start:start + minibatch_size].to(batch["input_ids"].device)
-        yield trim_padding({k: (v[rows] if torch.is_tensor(v) else v) for k, v in batch.items()})
 
 
 def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,

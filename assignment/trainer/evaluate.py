@@ -11,11 +11,11 @@ from typing import Any, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from assignment.config import Config
-from assignment.data import Problem
+from assignment.trainer.config import Config
+from assignment.trainer.data import Problem
 from assignment.model import PolicyWithValueHead
-from assignment.reward import score
-from assignment.rollout import render_prompts, sample
+from assignment.trainer.reward import score
+from assignment.trainer.rollout import render_prompts, sample
 
 
 @dataclass
@@ -48,14 +48,14 @@ def evaluate(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizerBase, pr
     size = cfg.eval.batch_size
     for start in range(0, len(problems), size):
         chunk = problems[start:start + size]
-        s = sample(policy, tokenizer, render_prompts(tokenizer, [p.question for p in chunk], cfg.data),
-                   cfg.rollout, greedy=True)
-        lengths = s.response_mask.sum(dim=-1).tolist()
-        texts = tokenizer.batch_decode(s.response_ids, skip_special_tokens=True)
-        for problem, text, length, finished in zip(chunk, texts, lengths, s.finished.tolist()):
-            sc = score(text, problem.answer, finished, length, cfg.reward)
+        prompts = render_prompts(tokenizer, [problem.question for problem in chunk], cfg.data)
+        responses = sample(policy, tokenizer, prompts, cfg.rollout, greedy=True)
+        lengths = responses.response_mask.sum(dim=-1).tolist()
+        texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
+        for problem, text, length, finished in zip(chunk, texts, lengths, responses.finished.tolist()):
+            scored = score(text, problem.answer, finished, length, cfg.reward)
             records.append({"question": problem.question, "response": text, "reference": problem.answer,
-                            "correct": sc.correct, "formatted": sc.formatted})
+                            "correct": scored.correct, "formatted": scored.formatted})
             total_length += length
         if progress is not None:
             progress.update(len(chunk))

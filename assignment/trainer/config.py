@@ -50,7 +50,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    # "synthetic" (generated arithmetic, see assignment/synthetic.py) or "gsm8k".
+    # "synthetic" (generated arithmetic, see assignment/trainer/synthetic.py) or "gsm8k".
     task: str = "synthetic"
     # GSM8K from the hub: dataset id and config name...
     hub_id: str = "openai/gsm8k"
@@ -233,37 +233,36 @@ def _validate(cfg: Config) -> None:
         if not ok:
             problems.append(message)
 
-    r, p = cfg.rollout, cfg.ppo
+    rollout, ppo, data = cfg.rollout, cfg.ppo, cfg.data
     need(cfg.model.dtype in ("float32", "bfloat16", "float16"), f"model.dtype must be float32, bfloat16 or float16, got '{cfg.model.dtype}'")
-    need(cfg.data.task in ("synthetic", "gsm8k"), f"data.task must be 'synthetic' or 'gsm8k', got '{cfg.data.task}'")
-    need("{question}" in cfg.data.prompt_template, "data.prompt_template must contain '{question}'")
-    need(cfg.data.max_operand >= 1, "data.max_operand must be >= 1")
-    d = cfg.data
-    need(d.curriculum_start is None or 0 <= d.curriculum_start <= d.max_operand,
+    need(data.task in ("synthetic", "gsm8k"), f"data.task must be 'synthetic' or 'gsm8k', got '{data.task}'")
+    need("{question}" in data.prompt_template, "data.prompt_template must contain '{question}'")
+    need(data.max_operand >= 1, "data.max_operand must be >= 1")
+    need(data.curriculum_start is None or 0 <= data.curriculum_start <= data.max_operand,
          "data.curriculum_start must be null or in [0, data.max_operand]")
-    need(0 < d.curriculum_threshold <= 1 and d.curriculum_window >= 1,
+    need(0 < data.curriculum_threshold <= 1 and data.curriculum_window >= 1,
          "data.curriculum_threshold must be in (0, 1] and data.curriculum_window >= 1")
-    need(bool(cfg.data.operators) and set(cfg.data.operators) <= set("+-"), "data.operators may only hold '+' and '-'")
+    need(bool(data.operators) and set(data.operators) <= set("+-"), "data.operators may only hold '+' and '-'")
     need(cfg.reward.format_bonus_when in ("always", "reasoning", "correct"),
          f"reward.format_bonus_when must be always, reasoning or correct, got '{cfg.reward.format_bonus_when}'")
     need(cfg.reward.min_reasoning_words >= 0, "reward.min_reasoning_words must be >= 0")
-    need(r.batch_size >= 2, "rollout.batch_size must be >= 2 (advantages are whitened over the batch)")
-    need(r.max_new_tokens >= 1 and r.max_prompt_tokens >= 1, "rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
-    need(r.temperature > 0, f"rollout.temperature must be > 0, got {r.temperature}")
-    need(0 < r.top_p <= 1, f"rollout.top_p must be in (0, 1], got {r.top_p}")
-    need(r.top_k >= 0, f"rollout.top_k must be >= 0, got {r.top_k}")
-    need(r.forward_batch_size >= 1, "rollout.forward_batch_size must be >= 1")
-    need(p.epochs >= 1, "ppo.epochs must be >= 1")
-    need(p.minibatch_size >= 1 and r.batch_size % p.minibatch_size == 0,
-         f"ppo.minibatch_size ({p.minibatch_size}) must divide rollout.batch_size ({r.batch_size})")
-    need(p.grad_accum_steps >= 1 and p.minibatch_size >= 1 and (r.batch_size // p.minibatch_size) % p.grad_accum_steps == 0,
-         f"ppo.grad_accum_steps ({p.grad_accum_steps}) must divide the number of minibatches per epoch "
-         f"(rollout.batch_size / ppo.minibatch_size = {r.batch_size // max(p.minibatch_size, 1)})")
-    need(p.lr > 0, f"ppo.lr must be > 0, got {p.lr}")
-    need(p.clip_ratio > 0 and p.clip_range_value > 0, "ppo.clip_ratio and ppo.clip_range_value must be > 0")
-    need(p.max_grad_norm > 0, "ppo.max_grad_norm must be > 0")
-    need(0 <= p.gamma <= 1 and 0 <= p.lam <= 1, "ppo.gamma and ppo.lam must be in [0, 1]")
-    need(p.vf_coeff >= 0 and p.weight_decay >= 0 and p.warmup_steps >= 0, "ppo.vf_coeff, ppo.weight_decay and ppo.warmup_steps must be >= 0")
+    need(rollout.batch_size >= 2, "rollout.batch_size must be >= 2 (advantages are whitened over the batch)")
+    need(rollout.max_new_tokens >= 1 and rollout.max_prompt_tokens >= 1, "rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
+    need(rollout.temperature > 0, f"rollout.temperature must be > 0, got {rollout.temperature}")
+    need(0 < rollout.top_p <= 1, f"rollout.top_p must be in (0, 1], got {rollout.top_p}")
+    need(rollout.top_k >= 0, f"rollout.top_k must be >= 0, got {rollout.top_k}")
+    need(rollout.forward_batch_size >= 1, "rollout.forward_batch_size must be >= 1")
+    need(ppo.epochs >= 1, "ppo.epochs must be >= 1")
+    need(ppo.minibatch_size >= 1 and rollout.batch_size % ppo.minibatch_size == 0,
+         f"ppo.minibatch_size ({ppo.minibatch_size}) must divide rollout.batch_size ({rollout.batch_size})")
+    need(ppo.grad_accum_steps >= 1 and ppo.minibatch_size >= 1 and (rollout.batch_size // ppo.minibatch_size) % ppo.grad_accum_steps == 0,
+         f"ppo.grad_accum_steps ({ppo.grad_accum_steps}) must divide the number of minibatches per epoch "
+         f"(rollout.batch_size / ppo.minibatch_size = {rollout.batch_size // max(ppo.minibatch_size, 1)})")
+    need(ppo.lr > 0, f"ppo.lr must be > 0, got {ppo.lr}")
+    need(ppo.clip_ratio > 0 and ppo.clip_range_value > 0, "ppo.clip_ratio and ppo.clip_range_value must be > 0")
+    need(ppo.max_grad_norm > 0, "ppo.max_grad_norm must be > 0")
+    need(0 <= ppo.gamma <= 1 and 0 <= ppo.lam <= 1, "ppo.gamma and ppo.lam must be in [0, 1]")
+    need(ppo.vf_coeff >= 0 and ppo.weight_decay >= 0 and ppo.warmup_steps >= 0, "ppo.vf_coeff, ppo.weight_decay and ppo.warmup_steps must be >= 0")
     need(cfg.kl.coeff >= 0, f"kl.coeff must be >= 0, got {cfg.kl.coeff}")
     need(cfg.kl.target > 0 and cfg.kl.horizon > 0, "kl.target and kl.horizon must be > 0")
     need(cfg.eval.size >= 0 and cfg.eval.every >= 0 and cfg.eval.batch_size >= 1, "eval.size and eval.every must be >= 0, eval.batch_size >= 1")

@@ -1,7 +1,7 @@
 """A GSM8K-shaped arithmetic task that the project generates itself: no download anywhere.
 
 Questions read ``What is 3 + 4?`` and reference solutions ``3 + 4 = 7 #### 7``, so the same
-reward (``assignment.reward``) and the same trainer serve both this task and GSM8K. The
+reward (``assignment.trainer.reward``) and the same trainer serve both this task and GSM8K. The
 tokenizer is built with the ``tokenizers`` library: one token per digit, operator, word and
 space, plus ``####`` as a single token, so that a random-init model can discover the answer
 format by sampling (three tokens: ``####``, a digit, EOS). It is wrapped as a transformers

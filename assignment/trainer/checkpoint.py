@@ -33,7 +33,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        torch.cuda.set_rng_state_all([device_state.cpu() for device_state in state["cuda"]])
 
 
 def save(out: Path, step: int, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,

@@ -2,13 +2,13 @@
 
 Shapes: ``B`` responses, ``P`` padded prompt length, ``T`` padded response length, ``V``
 vocabulary size. Prompts are left-padded to ``P`` so that every prompt's last token sits at
-column ``P-1``; responses follow, right-padded to ``T``.
+column ``P-1``; responses follow, right-padded to ``T`` (``assignment.trainer.batch``).
 
 ``logprobs_old`` and ``values`` come from a forward pass of the *same* ``PolicyWithValueHead``
-on the full (prompt + response) sequence, sliced ``[P-1 : P+T-1]`` and divided by the sampling
-temperature, exactly as ``ppo_minibatch_update`` slices them (CONTRACT.md, 5). So at the first
-minibatch of the first epoch the PPO ratio is exactly 1 (up to float rounding), which the
-generation scores would not guarantee. As in TRL and verl, ``logprobs_old`` is the full
+on the full (prompt + response) sequence, cut by ``batch.response_slice`` (``[P-1 : P+T-1]``)
+and divided by the sampling temperature, exactly as ``ppo_minibatch_update`` slices them
+(CONTRACT.md, 5). So at the first minibatch of the first epoch the PPO ratio is exactly 1 (up
+to float rounding), which the generation scores would not guarantee. As in TRL and verl, ``logprobs_old`` is the full
 tempered softmax, without the top-k / top-p truncation that sampling applied.
 """
 
@@ -16,14 +16,15 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from assignment.config import DataConfig, RolloutConfig
+from assignment.trainer.config import DataConfig, RolloutConfig
 from assignment.helpers import logprobs_from_logits
 from assignment.model import PolicyWithValueHead, position_ids_from_mask
+from assignment.trainer.batch import response_slice
 
 
 def render_prompts(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], cfg: DataConfig) -> list[str]:
@@ -94,10 +95,10 @@ def response_forward(forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch
     for start in range(0, input_ids.shape[0], chunk):
         ids, mask = input_ids[start:start + chunk], attention_mask[start:start + chunk]
         logits, vals = forward(ids, mask)
-        logits = logits[:, P - 1:P + T - 1] / temperature  # (b, T, V)
+        logits = response_slice(logits, P, T) / temperature  # (b, T, V)
         logprobs.append(logprobs_from_logits(logits, ids[:, P:]))
         if vals is not None:
-            values.append(vals[:, P - 1:P + T - 1].float())  # (b, T)
+            values.append(response_slice(vals, P, T).float())  # (b, T)
     return torch.cat(logprobs), (torch.cat(values) if values else None)
 
 
@@ -165,18 +166,29 @@ class Rollout:
     def prompt_length(self) -> int:
         return self.sample.prompt_ids.shape[1]
 
+    def update_batch(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, Any]:
+        """The whole rollout as the batch the update cuts into minibatches (CONTRACT.md, 5),
+        with the (B, T) ``advantages`` and ``returns`` computed from it."""
+        return {
+            "input_ids": self.input_ids, "attention_mask": self.attention_mask,
+            "response_ids": self.sample.response_ids, "response_mask": self.sample.response_mask,
+            "logprobs_old": self.logprobs, "values_old": self.values,
+            "advantages": advantages, "returns": returns, "prompt_length": self.prompt_length,
+        }
+
 
 @torch.no_grad()
 def collect(policy: PolicyWithValueHead, ref: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
             prompts: Sequence[str], cfg: RolloutConfig) -> Rollout:
     """Sample one response per prompt and score it under the policy (with values) and the reference."""
-    s = sample(policy, tokenizer, prompts, cfg)
-    P = s.prompt_ids.shape[1]
-    input_ids = torch.cat([s.prompt_ids, s.response_ids], dim=1)  # (B, P+T)
-    attention_mask = torch.cat([s.prompt_mask, s.response_mask.to(s.prompt_mask.dtype)], dim=1)  # (B, P+T)
+    responses = sample(policy, tokenizer, prompts, cfg)
+    P = responses.prompt_ids.shape[1]
+    input_ids = torch.cat([responses.prompt_ids, responses.response_ids], dim=1)  # (B, P+T)
+    response_mask = responses.response_mask.to(responses.prompt_mask.dtype)
+    attention_mask = torch.cat([responses.prompt_mask, response_mask], dim=1)  # (B, P+T)
     with eval_mode(policy):
         logprobs, values = response_forward(policy, input_ids, attention_mask, P, cfg.temperature,
                                             cfg.forward_batch_size)
     ref_logprobs, _ = response_forward(reference_forward(ref), input_ids, attention_mask, P, cfg.temperature,
                                        cfg.forward_batch_size)
-    return Rollout(s, input_ids, attention_mask, logprobs, ref_logprobs, values)
+    return Rollout(responses, input_ids, attention_mask, logprobs, ref_logprobs, values)

@@ -1,0 +1,7 @@
+"""``python -m assignment.trainer`` is ``ppo-train``."""
+
+import sys
+
+from assignment.trainer.cli import main
+
+sys.exit(main())

@@ -1,0 +1,351 @@
+"""The PPO trainer the five exercises plug into: rollout, reward, advantages, update, repeat.
+
+``train(cfg, impl)`` runs a whole training run and returns a ``RunResult``; the CLI (``cli``)
+and the autograder's learning check (``learning_check``) both call it. ``impl`` is the exercise
+module (see ``impl.load_impl``): the trainer calls ``impl.compute_gae_advantages`` and
+``impl.ppo_minibatch_update`` and nothing else of it.
+
+``ppo_step`` is one PPO step, top to bottom (Ouyang et al. 2022; Ziegler et al. 2019;
+TinyZero/verl; laid out in one block as in CleanRL's ``ppo.py``):
+    1. sample B prompts, generate one response each (``rollout``)
+    2. score each response (``reward``) -> final_rewards (B,)
+    3. k1 KL penalty per token against the frozen reference -> kl_penalties (B, T)
+    4. impl.compute_gae_advantages -> advantages, returns (B, T)
+    5. epochs x shuffled minibatches of impl.ppo_minibatch_update (``ppo.ppo_update``)
+
+Around it: ``setup_run`` builds what the steps share (a ``Run``), and ``_train`` is the
+schedule: an evaluation before the first step; samples, evaluations and checkpoints between
+steps when they are due; the last evaluation and checkpoint after the last step.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
+
+from assignment.model import PolicyWithValueHead
+from assignment.trainer import checkpoint
+from assignment.trainer.config import Config, RewardConfig, to_yaml
+from assignment.trainer.data import Curriculum, Problem, load_problems, training_batch
+from assignment.trainer.evaluate import evaluate
+from assignment.trainer.loading import build_models, load_tokenizer
+from assignment.trainer.ppo import KLController, kl_penalties, ppo_update, sequence_kl
+from assignment.trainer.reward import Score, score
+from assignment.trainer.rollout import Rollout, Sample, collect, render_prompts
+from assignment.trainer.runlog import EVALS, METRICS, SAMPLES, RunLogger, plot_run, read_jsonl
+
+
+def record_run(out: Path, command: str | None, resume: bool, seconds: float | None = None) -> None:
+    """Append this invocation (command, host, device, library versions) to ``run.json``; with
+    ``seconds``, record instead the wall time of the invocation appended last."""
+    path = out / "run.json"
+    runs = json.loads(path.read_text()) if path.is_file() else []
+    if seconds is not None:
+        runs[-1]["seconds"] = seconds
+        path.write_text(json.dumps(runs, indent=1))
+        return
+    import platform
+
+    import transformers
+
+    info = {"command": command, "resume": resume, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "host": platform.node(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"}
+    path.write_text(json.dumps(runs + [info], indent=1))
+
+
+class RunDirError(FileExistsError):
+    """Starting a fresh run in a directory that already holds one."""
+
+
+@dataclass
+class RunResult:
+    """What a training run produced."""
+
+    output_dir: Path
+    # One dict per PPO step (the whole run, also across a resume): step, rollout/*, loss/*, stats/*, time/*.
+    metrics: list[dict[str, float]]
+    # One dict per evaluation: step (0 = before training), eval/accuracy, eval/format_rate, ...
+    evals: list[dict[str, float]]
+    seconds: float
+    samples: list[dict[str, Any]] = field(default_factory=list)
+
+    def rewards(self) -> list[float]:
+        """The training reward (batch mean) of every step, in order."""
+        return [m["rollout/reward_mean"] for m in self.metrics]
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Zero every dropout: rollout (eval mode) and update (train mode) must compute the same
+    log-probs, or the first PPO ratio is not 1 (TRL does the same)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    config = getattr(getattr(model, "lm", model), "config", None)
+    for name in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop"):
+        if isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)
+
+
+def optimizer_steps(cfg: Config) -> int:
+    """Optimizer steps in the whole run: the scheduler's horizon."""
+    per_epoch = cfg.rollout.batch_size // (cfg.ppo.minibatch_size * cfg.ppo.grad_accum_steps)
+    return cfg.train.steps * cfg.ppo.epochs * per_epoch
+
+
+def minibatches_per_step(cfg: Config) -> int:
+    """Calls of ``ppo_minibatch_update`` in one PPO step: the update's progress bar."""
+    return cfg.ppo.epochs * (cfg.rollout.batch_size // cfg.ppo.minibatch_size)
+
+
+# --- setting up a run ------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """What the PPO steps of one run share: models, data, optimization and the small states."""
+
+    out: Path  # the run directory
+    device: torch.device
+    tokenizer: PreTrainedTokenizerBase
+    policy: PolicyWithValueHead
+    ref: PreTrainedModel  # the frozen reference model, the KL anchor
+    problems: dict[str, list[Problem]]  # "train" (empty for the synthetic task) and "test"
+    optimizer: torch.optim.Optimizer
+    scheduler: Any  # a transformers LR scheduler, stepped after every optimizer step
+    kl_ctl: KLController
+    curriculum: Curriculum
+    logger: RunLogger
+    start_step: int  # 0, or the step of the checkpoint that a resumed run continues from
+
+
+def open_run_dir(cfg: Config, resume: bool, command: str | None) -> Path:
+    """Create the run directory and record the effective config and this invocation in it.
+
+    Raises RunDirError if a fresh run would overwrite one.
+    """
+    out = Path(cfg.train.output_dir)
+    if not resume and ((out / METRICS).exists() or (out / checkpoint.FILENAME).exists()):
+        raise RunDirError(f"{out} already holds a run: continue it with --resume {out}, "
+                          "or choose another train.output_dir")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(to_yaml(cfg))
+    record_run(out, command, resume)
+    return out
+
+
+def setup_run(cfg: Config, out: Path, resume: bool) -> Run:
+    """Seed, then build the models, data, optimizer, scheduler and small states of a run; when
+    resuming, load them and every RNG state from the checkpoint in ``out``."""
+    device = resolve_device(cfg.train.device)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # float32 weights, TF32 matmuls
+    seed_everything(cfg.train.seed)
+    tokenizer = load_tokenizer(cfg.model)
+    policy, ref = build_models(cfg.model, tokenizer, cfg.train.seed, device)
+    disable_dropout(policy)
+    disable_dropout(ref)
+    problems = load_problems(cfg.data, cfg.train.seed)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.ppo.lr, weight_decay=cfg.ppo.weight_decay)
+    scheduler = get_scheduler(cfg.ppo.lr_scheduler, optimizer, num_warmup_steps=cfg.ppo.warmup_steps,
+                              num_training_steps=optimizer_steps(cfg))
+    kl_ctl, curriculum = KLController(cfg.kl), Curriculum(cfg.data)
+    start_step = restore(out, device, policy, optimizer, scheduler, kl_ctl, curriculum) if resume else 0
+    return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,
+               RunLogger(out, cfg, start_step), start_step)
+
+
+def restore(out: Path, device: torch.device, policy: PolicyWithValueHead, optimizer: torch.optim.Optimizer,
+            scheduler: Any, kl_ctl: KLController, curriculum: Curriculum) -> int:
+    """Load the checkpoint in ``out`` into these objects and set every RNG state from it, so that
+    the run continues as if never stopped; return the checkpoint's step."""
+    state = checkpoint.load(out, device)
+    policy.load_state_dict(state["policy"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    kl_ctl.load_state_dict(state["kl"])
+    curriculum.load_state_dict(state["curriculum"])
+    checkpoint.set_rng_state(state["rng"])
+    tqdm.write(f"resuming {out} from step {state['step']}")
+    return state["step"]
+
+
+def save(run: Run, step: int) -> None:
+    """Checkpoint ``run`` as of ``step``: what ``restore`` loads."""
+    extra = {"kl": run.kl_ctl.state_dict(), "curriculum": run.curriculum.state_dict()}
+    checkpoint.save(run.out, step, run.policy, run.optimizer, run.scheduler, extra)
+
+
+# --- one PPO step ----------------------------------------------------------------------------
+
+def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """PPO step ``step``: the five steps of the module docstring, in order; then the KL
+    coefficient and the curriculum adapt to the batch. Returns the step's metrics (rollout/*,
+    loss/*, stats/*, time/*) and its first ``train.num_samples`` responses (for samples.jsonl).
+    """
+    started = time.time()
+    # 1. Sample B prompts (a function of seed and step: a resumed run draws the same) and generate.
+    problems = training_batch(cfg.data, run.problems["train"], cfg.rollout.batch_size, cfg.train.seed, step,
+                              run.curriculum.level)
+    prompts = render_prompts(run.tokenizer, [problem.question for problem in problems], cfg.data)
+    rollout = collect(run.policy, run.ref, run.tokenizer, prompts, cfg.rollout)
+    response_mask = rollout.sample.response_mask  # (B, T)
+    # 2. Score each whole response -> final_rewards (B,).
+    texts = run.tokenizer.batch_decode(rollout.sample.response_ids, skip_special_tokens=True)
+    scores = score_responses(texts, problems, rollout.sample, cfg.reward)
+    final_rewards = torch.tensor([scored.reward for scored in scores], dtype=torch.float32, device=run.device)
+    # 3. Per-token k1 KL penalty against the frozen reference -> (B, T).
+    penalties = kl_penalties(rollout.logprobs, rollout.ref_logprobs, response_mask, run.kl_ctl.value)
+    # 4. Advantages and returns (exercise 4) -> (B, T) each.
+    advantages, returns = impl.compute_gae_advantages(final_rewards, penalties, rollout.values, response_mask,
+                                                      cfg.ppo.gamma, cfg.ppo.lam)
+    rollout_done = time.time()
+    # 5. Epochs x shuffled minibatches of exercise 5, shuffled by a generator of this step's own.
+    batch = rollout.update_batch(advantages, returns)
+    generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step)
+    with tqdm(total=minibatches_per_step(cfg), desc="update", leave=False, disable=not cfg.train.progress) as bar:
+        update_metrics = ppo_update(impl, run.policy, run.optimizer, run.scheduler, batch, cfg, generator, bar)
+    metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **update_metrics,
+               "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done}
+    # After the batch: steer the KL coefficient; widen the synthetic operands once they are learned.
+    run.kl_ctl.update(metrics["rollout/kl"], cfg.rollout.batch_size)
+    if cfg.data.task == "synthetic":
+        metrics["rollout/max_operand"] = run.curriculum.level
+        run.curriculum.update(metrics["rollout/correct_rate"])
+    samples = [{"question": problem.question, "response": text, "reference": problem.answer,
+                "reward": scored.reward} for problem, text, scored in zip(problems, texts, scores)]
+    return metrics, samples[: cfg.train.num_samples]
+
+
+def score_responses(texts: list[str], problems: list[Problem], responses: Sample, cfg: RewardConfig) -> list[Score]:
+    """The reward of each decoded response against its problem's reference answer."""
+    lengths = responses.response_mask.sum(dim=-1).tolist()  # (B,) real tokens, EOS included
+    return [score(text, problem.answer, bool(finished), int(length), cfg)
+            for text, problem, finished, length in zip(texts, problems, responses.finished.tolist(), lengths)]
+
+
+def rollout_metrics(rollout: Rollout, final_rewards: torch.Tensor, scores: list[Score],
+                    kl_coeff: float) -> dict[str, float]:
+    """The rollout/* metrics of one batch; ``kl_coeff`` is the coefficient its penalties used."""
+    responses = rollout.sample
+    return {
+        "rollout/reward_mean": float(final_rewards.mean()),
+        "rollout/reward_std": float(final_rewards.std()),
+        "rollout/correct_rate": float(np.mean([scored.correct for scored in scores])),
+        "rollout/format_rate": float(np.mean([scored.formatted for scored in scores])),
+        "rollout/reasoning_rate": float(np.mean([scored.reasoning for scored in scores])),
+        "rollout/response_length": float(responses.response_mask.sum(dim=-1).float().mean()),
+        "rollout/truncated_rate": float(1.0 - responses.finished.float().mean()),
+        "rollout/kl": float(sequence_kl(rollout.logprobs, rollout.ref_logprobs, responses.response_mask).mean()),
+        "rollout/kl_coeff": kl_coeff,
+        "rollout/value_mean": float(rollout.values[responses.response_mask].mean()),
+    }
+
+
+# --- the schedule around the steps -----------------------------------------------------------
+
+def run_eval(run: Run, cfg: Config, step: int) -> None:
+    """Greedy evaluation on the first ``eval.size`` test problems, logged as of ``step``."""
+    problems = run.problems["test"][: cfg.eval.size]
+    if not problems:
+        return
+    with tqdm(total=len(problems), desc=f"eval (step {step})", leave=False, disable=not cfg.train.progress) as bar:
+        result = evaluate(run.policy, run.tokenizer, problems, cfg, bar)
+        run.logger.log(step, result.metrics(), EVALS)
+        run.logger.eval_records(step, result.records)
+        tqdm.write(f"[eval step {step}] strict accuracy {result.accuracy:.3f}, "
+                   f"format rate {result.format_rate:.3f} on {result.n} problems")
+
+
+def log_samples(run: Run, step: int, samples: list[dict[str, Any]]) -> None:
+    run.logger.samples(step, samples)
+    for sample in samples:
+        tqdm.write(f"[step {step}] Q: {sample['question']!r}\n           A: {sample['response']!r} "
+                   f"(reward {sample['reward']:.2f}, reference {sample['reference']})")
+
+
+def between_steps(run: Run, cfg: Config, step: int, samples: list[dict[str, Any]]) -> None:
+    """After step ``step``: samples, an evaluation and a checkpoint, each when it is due."""
+    if cfg.train.num_samples and cfg.train.sample_every and (step == 1 or step % cfg.train.sample_every == 0):
+        log_samples(run, step, samples)
+    if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.train.steps:
+        run_eval(run, cfg, step)
+    if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+        save(run, step)
+
+
+def train(cfg: Config, impl: ModuleType, resume: bool = False,
+          on_step: Callable[[int, dict[str, float]], None] | None = None, command: str | None = None) -> RunResult:
+    """Train with PPO as ``cfg`` says, using the exercises of ``impl``.
+
+    Args:
+        cfg: the loaded config (``assignment.trainer.config.load_config``).
+        impl: the exercise module; only ``compute_gae_advantages`` and ``ppo_minibatch_update``
+            are called on it.
+        resume: continue from the checkpoint in ``cfg.train.output_dir`` instead of starting.
+        on_step: called after every PPO step (after its checkpoint) with (step, metrics).
+        command: the command line, recorded in ``run.json`` for the report.
+
+    Raises RunDirError if a fresh run would overwrite one, and FileNotFoundError if
+    ``resume`` finds no checkpoint. Exceptions from ``impl`` propagate unchanged.
+    """
+    threads = torch.get_num_threads()
+    if cfg.train.cpu_threads:
+        torch.set_num_threads(cfg.train.cpu_threads)
+    try:
+        return _train(cfg, impl, resume, on_step, command)
+    finally:
+        torch.set_num_threads(threads)  # the setting is process-wide: give the caller its own back
+
+
+def _train(cfg: Config, impl: ModuleType, resume: bool, on_step: Callable[[int, dict[str, float]], None] | None,
+           command: str | None) -> RunResult:
+    """The schedule: set up, evaluate, then PPO steps with samples, evaluations and checkpoints
+    between them when due; the last evaluation and checkpoint, the reward curve, the result."""
+    started = time.time()
+    out = open_run_dir(cfg, resume, command)
+    run = setup_run(cfg, out, resume)
+    if run.start_step == 0:
+        run_eval(run, cfg, 0)
+    steps = tqdm(range(run.start_step + 1, cfg.train.steps + 1), desc="PPO steps", initial=run.start_step,
+                 total=cfg.train.steps, disable=not cfg.train.progress)
+    for step in steps:
+        metrics, samples = ppo_step(run, cfg, impl, step)
+        run.logger.log(step, metrics)
+        steps.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
+                          correct=f"{metrics['rollout/correct_rate']:.2f}",
+                          len=f"{metrics['rollout/response_length']:.0f}")
+        between_steps(run, cfg, step, samples)
+        if on_step is not None:
+            on_step(step, metrics)
+    steps.close()
+
+    if run.start_step < cfg.train.steps:
+        run_eval(run, cfg, cfg.train.steps)
+        save(run, cfg.train.steps)
+    run.logger.close()
+    plot_run(out)
+    record_run(out, command, resume, seconds=time.time() - started)
+    return RunResult(out, read_jsonl(out / METRICS), read_jsonl(out / EVALS), time.time() - started,
+                     read_jsonl(out / SAMPLES))
