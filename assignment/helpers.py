@@ -3,7 +3,7 @@
 Shapes: ``B`` batch size, ``T`` padded response length, ``V`` vocabulary size.
 
 ``response_mask`` (B, T) is 1/True on real response tokens and 0/False on padding. All
-reductions here run in float32 or wider, even for bfloat16 inputs (CONTRACT.md), and they
+reductions here run in float32 or wider, even for bfloat16 inputs (the contract, handout.md section 4), and they
 ignore whatever sits at padded positions, even NaN or inf: padding is selected away with
 ``torch.where`` instead of multiplied by zero, because ``inf * 0`` is NaN.
 """

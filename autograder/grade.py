@@ -25,6 +25,7 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import HypothesisException
 
 from assignment.contract import exercise
+from assignment.trainer.runlog import REWARD_WINDOW
 
 from . import __version__, calls
 from .config import GradingConfig, hidden_seed
@@ -208,7 +209,8 @@ def _grade_all(selected, cfg, workers, context, secret, defined, training) -> li
 
 
 TRAINING_DESCRIPTION = ("the assembled submission trains a tiny model on synthetic arithmetic on CPU: the mean "
-                        "reward of the last 10 PPO steps exceeds that of the first 10 by the threshold")
+                        f"reward of the last {REWARD_WINDOW} PPO steps exceeds that of the first {REWARD_WINDOW} "
+                        "by the threshold")
 
 
 def _training_result(cfg: GradingConfig, score: float, feedback: str, passed: bool = False) -> CheckResult:
@@ -231,11 +233,11 @@ def _training_check(cfg: GradingConfig, workers: _Workers) -> CheckResult:
     if reply.get("op") == "error":
         return _training_result(cfg, 0.0, "training failed: " + calls.StudentError(reply).describe())
     rewards = reply.get("rewards")
-    if not isinstance(rewards, list) or len(rewards) < 20 or not all(isinstance(r, float) for r in rewards):
+    if not isinstance(rewards, list) or len(rewards) < 2 * REWARD_WINDOW or not all(isinstance(r, float) for r in rewards):
         return _training_result(cfg, 0.0, "the training run reported no usable rewards")
-    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    first, last = sum(rewards[:REWARD_WINDOW]) / REWARD_WINDOW, sum(rewards[-REWARD_WINDOW:]) / REWARD_WINDOW
     passed = last - first >= t.threshold
-    feedback = (f"mean reward of the first 10 steps {first:.3f}, of the last 10 {last:.3f}: improvement "
+    feedback = (f"mean reward of the first {REWARD_WINDOW} steps {first:.3f}, of the last {REWARD_WINDOW} {last:.3f}: improvement "
                 f"{last - first:+.3f}, threshold {t.threshold:+.3f}; greedy accuracy "
                 f"{reply.get('accuracy_before', float('nan')):.3f} -> {reply.get('accuracy_after', float('nan')):.3f}; "
                 f"{len(rewards)} steps in {reply.get('seconds', float('nan')):.0f} s")

@@ -4,7 +4,7 @@
 
 Each run is `python -m autograder SUBMISSION --results ...` in a fresh process, with
 grading.yaml as shipped, so Python start-up and every import are counted. Prints each run's
-wall time and the grader's own execution_time, then the median. The target (issue 3) is
+wall time and the grader's own execution_time, then the median. The target is
 <= 20 s for the reference solution on a 2-core CPU machine, with >= 200 examples per exercise.
 Run it on an otherwise idle machine: the grader and its worker take one core each.
 """

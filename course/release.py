@@ -8,8 +8,10 @@ appears anywhere in the release.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -23,16 +25,23 @@ IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
 STUDENT_README = """# PPO for language models: your assignment
 
-Read `handout.md`, then fill in the five blanks of `assignment/exercises.py`.
+Read `handout.md` (section 4 is the contract the grader holds your code to), then fill in the
+five blanks of `assignment/exercises.py`. `assignment/helpers.py` and `assignment/model.py`
+are given; `assignment/trainer/` is the trainer your functions plug into.
 
 ```bash
-python3 -m venv .venv && .venv/bin/pip install -e .          # add a CUDA torch first if you have a GPU
-.venv/bin/python -m pytest tests/public --impl assignment     # the property checks
+python3 -m venv .venv && .venv/bin/pip install -e .          # CPU only? install torch from
+                                                              # https://download.pytorch.org/whl/cpu first
+.venv/bin/python -m pytest tests/public                       # the property checks, on your file
 .venv/bin/ppo-train --config configs/cpu_synthetic.yaml       # watch your trainer learn, on CPU
 ```
 
 Submit `assignment/exercises.py` on Gradescope.
 """
+
+# Names of what only the staff have: the release must not send a student looking for them.
+STAFF_ONLY = ("solutions/", "solutions.exercises", "--impl solutions", "autograder/", "grading.yaml", "ppo-grade",
+              "ppo-course", "CONTRACT.md", "STYLE.md", "/work/")
 
 
 class LeakError(RuntimeError):
@@ -60,14 +69,28 @@ def check_no_leak(folder: Path) -> None:
                     raise LeakError(f"{path.relative_to(folder)} contains a solution line: {needle!r}")
             if "BEGIN SOLUTION" in text:
                 raise LeakError(f"{path.relative_to(folder)} contains a solution marker")
+            for name in STAFF_ONLY:
+                if name in text:
+                    raise LeakError(f"{path.relative_to(folder)} names {name!r}, which the release does not ship")
 
 
 def _student_pyproject() -> str:
-    """The project's pyproject.toml, reduced to the student package and its trainer command."""
-    text = (ROOT / "pyproject.toml").read_text()
-    text = re.sub(r'include = \[.*?\]', 'include = ["assignment*"]', text)
-    text = re.sub(r'^ppo-(course|grade) = .*\n', "", text, flags=re.M)
-    return text.replace('"nbgrader>=0.9",\n', "")
+    """A pyproject for the student folder: the student package, what the trainer and the public
+    tests need, and ppo-train; nothing of the grader or the staff tooling."""
+    staff = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project = staff["project"]
+    dependencies = project["dependencies"] + project["optional-dependencies"]["train"]
+    from autograder import __version__
+
+    return "\n".join([
+        "[build-system]", 'requires = ["setuptools>=68"]', 'build-backend = "setuptools.build_meta"', "",
+        "[project]", 'name = "ppo-llm-assignment"', f'version = "{__version__}"',
+        'description = "The PPO-for-language-models assignment: five exercises and the trainer they plug into."',
+        'readme = "README.md"', f'requires-python = "{project["requires-python"]}"',
+        "dependencies = [", *[f"    {json.dumps(d)}," for d in dependencies], "]", "",
+        "[project.scripts]", f'ppo-train = "{project["scripts"]["ppo-train"]}"', "",
+        "[tool.setuptools.packages.find]", 'include = ["assignment*"]', "",
+        "[tool.pytest.ini_options]", 'testpaths = ["tests"]', 'addopts = "-ra"', ""])
 
 
 def build_student_release(out: Path) -> Path:

@@ -8,7 +8,7 @@ This is the only file you edit. Fill in the five blanks, in order:
     4. compute_gae_advantages  per-token advantages and returns, from one reward per response
     5. ppo_minibatch_update    forward, slice, the three losses, backward, optimizer step
 
-Every function follows CONTRACT.md (summarised in handout.md) to the letter; the autograder
+Every function follows the contract (handout.md, section 4) to the letter; the autograder
 compares your numbers with the reference on thousands of generated inputs.
 
 Shapes used in every docstring:
@@ -21,10 +21,9 @@ Shapes used in every docstring:
 right-padded: ones, then zeros. A row may be all zeros (an empty response), but a batch
 always holds at least two real tokens. "Token-mean" is the sum over all real tokens of the
 batch divided by their number: use ``masked_mean`` from ``assignment.helpers``.
-Whatever sits at padded positions of an input is junk: it must not change any result.
-
-Staff: the student copy ``assignment/exercises.py`` is generated from the solution module by
-``ppo-course stubs``. Never edit the generated copy by hand.
+Whatever sits at padded positions of an input is finite junk (the log-probs and values a
+trainer computes for pad tokens; the grader puts numbers of up to a few hundred there): it
+must not change any result.
 """
 
 from __future__ import annotations

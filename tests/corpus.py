@@ -3,7 +3,7 @@
 Every submission is the reference solution ``solutions/exercises.py`` with a few textual edits
 applied, so the corpus stays compact and follows the solution when it changes:
 
-* ``MUTANTS``: realistic buggy submissions. Each differs from the contract (CONTRACT.md) on
+* ``MUTANTS``: realistic buggy submissions. Each differs from the contract (handout.md, section 4) on
   exactly one exercise, ``Variant.exercise``; that exercise, and only that one, must lose
   points. Exercise 5 mutants are bugs inside ``ppo_minibatch_update``'s own region (the grader
   substitutes the reference exercises 1-3 while grading exercise 5).

@@ -14,8 +14,6 @@ from __future__ import annotations
 import ast
 import copy
 import functools
-import importlib.util
-import itertools
 import math
 import sys
 from pathlib import Path
@@ -26,6 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
+from assignment.trainer.impl import load_module  # noqa: E402
 from corpus import ALTERNATIVES, ATTACKS, EXERCISE_NAMES, MUTANTS, Variant, render  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,8 +93,10 @@ def test_confined_to_its_exercise(v: Variant):
         return
     own = EXERCISE_NAMES[v.exercise - 1]
     assert funcs[own] != sol_funcs[own]
+    # the leak attack records in exercise 1 what it shows in exercise 2
+    accomplices = {"attack_leak_hidden_inputs": {EXERCISE_NAMES[0]}}.get(v.name, set())
     for n in EXERCISE_NAMES:
-        if n != own:
+        if n != own and n not in accomplices:
             assert funcs[n] == sol_funcs[n], f"{v.name} changes {n}"
 
 
@@ -103,17 +104,10 @@ def test_confined_to_its_exercise(v: Variant):
 # Loading (mutants and alternatives only)
 # ----------------------------------------------------------------------------------------------
 
-_counter = itertools.count()
-
-
 def _load(source: str, tmp_dir: Path, name: str):
     path = tmp_dir / f"{name}.py"
     path.write_text(source)
-    modname = f"_corpus_{name}_{next(_counter)}"
-    spec = importlib.util.spec_from_file_location(modname, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path)
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +301,9 @@ def _build_ex5():
     from assignment.model import PolicyWithValueHead, tiny_llama
 
     V, B, P, T = 64, 3, 4, 5
-    model = PolicyWithValueHead(tiny_llama(vocab_size=V, hidden_size=32, num_layers=2, seed=0))
+    # float64: correct alternatives differ here by rounding only (Categorical's entropy against the
+    # contract's formula), which float32 SGD steps amplified to the comparison's tolerance.
+    model = PolicyWithValueHead(tiny_llama(vocab_size=V, hidden_size=32, num_layers=2, seed=0)).double()
     g = torch.Generator().manual_seed(5)
     with torch.no_grad():  # a non-zero value head, so that the values (and their gradients) are not trivial
         model.value_head.weight.copy_(0.5 * torch.randn(model.value_head.weight.shape, generator=g))

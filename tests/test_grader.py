@@ -282,8 +282,9 @@ def test_attack_is_withstood_in_bounded_time(variant, sandbox):
 # ---- the command line and results.json ---------------------------------------------------------------
 
 def run_cli(*args, cwd=ROOT, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the grader from this checkout, whatever cwd is
     return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=cwd, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env=env)
 
 
 GRADESCOPE_SCHEMA = json.loads((Path(__file__).parent / "gradescope_results.schema.json").read_text())
@@ -350,7 +351,7 @@ def test_broken_config_fails_the_grader_but_still_writes_results(tmp_path):
 
 
 def test_a_worker_that_never_says_hello_is_the_graders_failure(monkeypatch):
-    """The Gradescope failure of issue 7: a worker that cannot read what it must is the grader's
+    """The Gradescope failure this guards against: a worker that cannot read what it must is the grader's
     fault, not an import error charged to the student."""
     from autograder import sandbox as sandbox_module
 

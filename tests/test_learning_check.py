@@ -25,7 +25,7 @@ def sign_flipped(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_solution_learns(seed):
-    check = run(load_impl("solutions"), seed=seed)
+    check = run(load_impl(str(SOLUTION_FILE)), seed=seed)
     assert check.passed, (check.first10_mean, check.last10_mean)
     # The arithmetic, not only the format: well above the 20% of the best input-blind policy
     # (always answering 4, the most frequent sum of two operands in [0, 4]).

@@ -1,10 +1,19 @@
 """What leaves the staff repo: the student release and the Gradescope zip."""
 
+import os
+import re
+import subprocess
+import sys
 import zipfile
 
 import pytest
 
 from course import release
+
+# A relative path with a folder, ending in a file type the project uses.
+PATH_REFERENCE = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|yaml|yml|jsonl|json|txt|sh|png|gguf))")
+# Placeholders and what a run writes, not files to ship.
+NOT_SHIPPED_ON_PURPOSE = ("RUN_DIR/", "runs/", "eval_samples/", "other/", "my_", "path/to/")
 
 
 def test_student_release_has_the_blanks_and_nothing_of_the_solution(tmp_path):
@@ -15,6 +24,54 @@ def test_student_release_has_the_blanks_and_nothing_of_the_solution(tmp_path):
         assert not (out / secret).exists(), secret
     pyproject = (out / "pyproject.toml").read_text()
     assert 'include = ["assignment*"]' in pyproject and "ppo-course" not in pyproject and "ppo-grade" not in pyproject
+    assert "--impl" not in pyproject  # the staff addopts check the answer key; a student's default is their file
+
+
+def test_student_release_names_only_files_it_ships(tmp_path):
+    out = release.build_student_release(tmp_path / "release")
+    missing = []
+    for path in out.rglob("*"):
+        if path.is_file():
+            for ref in PATH_REFERENCE.findall(path.read_text(errors="ignore")):
+                if not (out / ref).exists() and not any(p in ref for p in NOT_SHIPPED_ON_PURPOSE):
+                    missing.append(f"{path.relative_to(out)} -> {ref}")
+    assert not missing, missing
+
+
+def test_release_check_refuses_staff_names(tmp_path):
+    out = release.build_student_release(tmp_path / "release")
+    (out / "assignment" / "notes.md").write_text("compare with ppo-grade\n")
+    with pytest.raises(release.LeakError, match="ppo-grade"):
+        release.check_no_leak(out)
+
+
+@pytest.mark.slow
+def test_release_installs_and_passes_its_own_public_tests_in_a_fresh_venv(tmp_path):
+    """As a student gets it: a fresh environment, no solutions package, the release alone."""
+    out = release.build_student_release(tmp_path / "release")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    venv = tmp_path / "venv"
+    constraints = release.ROOT / "autograder" / "gradescope" / "constraints.txt"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    install = subprocess.run([venv / "bin" / "pip", "install", "-q", "-c", constraints, "-e", out],
+                             capture_output=True, text=True, env=env)
+    assert install.returncode == 0, install.stderr[-2000:]
+    python = venv / "bin" / "python"
+    probe = subprocess.run([python, "-c", "import importlib.util as u; print(u.find_spec('solutions'))"],
+                           cwd=tmp_path, capture_output=True, text=True, env=env)
+    assert probe.stdout.strip() == "None"
+    solved = tmp_path / "my_exercises.py"  # a finished assignment: the reference, outside the release
+    solved.write_text((release.ROOT / "solutions" / "exercises.py").read_text())
+    passing = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/public", "--impl", solved],
+                             cwd=out, capture_output=True, text=True, env=env)
+    assert passing.returncode == 0, passing.stdout[-3000:]
+    blank = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/public"],
+                           cwd=out, capture_output=True, text=True, env=env)
+    assert blank.returncode == 1 and "not implemented yet" in blank.stdout
+    train = subprocess.run([venv / "bin" / "ppo-train", "--config", "configs/cpu_synthetic.yaml", "train.steps=2",
+                            "train.progress=false"], cwd=out, capture_output=True, text=True, env=env)
+    assert train.returncode == 2 and "Fill it in in assignment/exercises.py" in train.stderr
+    assert "Traceback" not in train.stderr and "solutions" not in train.stderr
 
 
 def test_leak_check_catches_a_planted_solution_line(tmp_path):

@@ -19,7 +19,8 @@ from assignment.trainer.ppo import KLController, UpdateConfig, ppo_update
 from assignment.trainer.rollout import collect, render_prompts, response_mask_from_ids
 from assignment.trainer.loop import RunDirError, train
 
-SOLUTION = load_impl("solutions")
+REFERENCE = Path(__file__).resolve().parents[1] / "solutions" / "exercises.py"
+SOLUTION = load_impl(str(REFERENCE))
 TINY = ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", "ppo.epochs=2",
         "rollout.max_new_tokens=4", "eval.size=8", "train.steps=3", "train.progress=false",
         "train.sample_every=2", "train.tensorboard=false",
@@ -246,7 +247,7 @@ def test_cli_bad_key_is_one_line_with_a_suggestion(capsys):
 
 
 def test_cli_missing_model_file(capsys, tmp_path):
-    code, err = run_cli(capsys, "--impl", "solutions", f"model.name={tmp_path}", "model.gguf_file=m.gguf",
+    code, err = run_cli(capsys, "--impl", str(REFERENCE), f"model.name={tmp_path}", "model.gguf_file=m.gguf",
                         f"train.output_dir={tmp_path / 'run'}")
     assert code == 2 and "GGUF model file not found" in err
 
@@ -254,7 +255,7 @@ def test_cli_missing_model_file(capsys, tmp_path):
 def test_cli_malformed_data(capsys, tmp_path):
     (tmp_path / "train.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n{oops\n')
     (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
-    code, err = run_cli(capsys, "--impl", "solutions", "data.task=gsm8k", f"data.local_dir={tmp_path}",
+    code, err = run_cli(capsys, "--impl", str(REFERENCE), "data.task=gsm8k", f"data.local_dir={tmp_path}",
                         f"train.output_dir={tmp_path / 'run'}")
     assert code == 2 and "train.jsonl:2: not valid JSON" in err
 
@@ -268,37 +269,10 @@ def test_cli_submission_that_fails_to_import(capsys, tmp_path):
         load_impl(str(tmp_path / "missing.py"))
 
 
-@pytest.fixture
-def student_release(monkeypatch):
-    """As in the student release: no solutions package to find."""
-    find_spec = importlib.util.find_spec
-    def without_solutions(name, *args):
-        if name == "solutions":
-            return None
-        if name.startswith("solutions."):  # what find_spec does when the parent package is missing
-            raise ModuleNotFoundError("No module named 'solutions'")
-        return find_spec(name, *args)
-
-    monkeypatch.setattr(importlib.util, "find_spec", without_solutions)
-
-
-def test_cli_unimplemented_exercise(capsys, tmp_path):
+def test_cli_unimplemented_exercise_says_where_to_fill_it_in(capsys, tmp_path):
     code, err = run_cli(capsys, *TINY, f"train.output_dir={tmp_path / 'run'}")  # the blank assignment
     assert code == 2 and "Exercise 4 (compute_gae_advantages) is not implemented yet" in err
-    assert "Fill it in in assignment/exercises.py, or run --impl solutions." in err
-
-
-def test_cli_unimplemented_exercise_in_the_student_release(capsys, tmp_path, student_release):
-    code, err = run_cli(capsys, *TINY, f"train.output_dir={tmp_path / 'run'}")
-    assert code == 2 and "Exercise 4 (compute_gae_advantages) is not implemented yet" in err
     assert "Fill it in in assignment/exercises.py" in err and "solutions" not in err
-
-
-def test_impl_solutions_in_the_student_release_is_a_clear_error(capsys, tmp_path, student_release):
-    with pytest.raises(ImplError, match="reference solution is not part of"):
-        load_impl("solutions")
-    code, err = run_cli(capsys, "--impl", "solutions", f"train.output_dir={tmp_path / 'run'}")
-    assert code == 2 and "ModuleNotFoundError" not in err and "--impl assignment" in err
 
 
 def test_impl_loaded_by_path_is_a_fresh_module(tmp_path):
@@ -348,9 +322,9 @@ def test_resume_keeps_the_impl_the_run_started_with(tmp_path):
 
     from assignment.trainer.cli import _impl_of_run
 
-    (tmp_path / "run.json").write_text(json.dumps([{"command": "ppo-train --config c.yaml --impl solutions"},
+    (tmp_path / "run.json").write_text(json.dumps([{"command": "ppo-train --config c.yaml --impl ref/exercises.py"},
                                                    {"command": "ppo-train --resume r"}]))
-    assert _impl_of_run(tmp_path) == "solutions"
+    assert _impl_of_run(tmp_path) == "ref/exercises.py"
     (tmp_path / "run.json").write_text(json.dumps([{"command": "ppo-train --config c.yaml"}]))
     assert _impl_of_run(tmp_path) is None
     assert _impl_of_run(tmp_path / "missing") is None

@@ -12,7 +12,7 @@ A causal LM's output at column ``i`` predicts the token at ``i + 1``, so the out
 
 A batch is a dict: ``input_ids`` and ``attention_mask`` (B, P+T); ``response_ids``,
 ``response_mask``, ``logprobs_old``, ``values_old``, ``advantages``, ``returns`` (B, T); and the
-int ``prompt_length`` ``P`` (CONTRACT.md, 5). ``minibatches`` cuts one into shuffled
+int ``prompt_length`` ``P`` (the contract, handout.md section 4, exercise 5). ``minibatches`` cuts one into shuffled
 minibatches and ``trim_padding`` drops the columns a minibatch does not need.
 
 This module imports only torch (and the standard library's typing): the grader imports it too.

@@ -1,10 +1,10 @@
 """``ppo-train``: train with PPO from a config file. Thin: parse, call ``train``, print.
 
     ppo-train --config configs/cpu_synthetic.yaml                   # the student's exercises
-    ppo-train --config configs/cpu_synthetic.yaml --impl solutions  # the reference (staff repository)
+    ppo-train --config configs/cpu_synthetic.yaml --impl other/exercises.py  # any exercises file
     ppo-train --config configs/gsm8k_smollm2.yaml ppo.lr=1e-6 train.steps=10
     ppo-train --resume runs/cpu_synthetic                           # continue a killed run
-    ppo-train --report runs/gsm8k_smollm2 --report-out reports/gsm8k_smollm2.md
+    ppo-train --report runs/gsm8k_smollm2 --report-out gsm8k_report.md
 
 Problems the user can fix (a bad config key, malformed data, a missing model file, a
 submission that does not import, an exercise not yet written) are printed as one message,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from assignment.trainer.config import ConfigError, load_config
 from assignment.trainer.data import DataError
-from assignment.trainer.impl import ImplError, load_impl, reference_available
+from assignment.trainer.impl import ImplError, load_impl
 from assignment.trainer.loading import ModelError
 from assignment.trainer.loop import RunDirError, RunResult, train
 from assignment.trainer.runlog import REWARD_WINDOW
@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ppo-train", description="Train a language model with PPO on GSM8K-style math.")
     parser.add_argument("--config", help="YAML config in configs/ (defaults: the CPU synthetic task)")
     parser.add_argument("--impl", default=None,
-                        help="whose exercises to run: assignment (default: assignment/exercises.py), solutions "
-                             "(the reference, in the staff repository only), or a path to a .py file")
+                        help="whose exercises to run: assignment (default: assignment/exercises.py) or the path "
+                             "of any exercises file")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint, "
                         "with the config saved there (overrides still apply)")
     parser.add_argument("--report", metavar="RUN_DIR", help="write a Markdown report of a finished run and exit")
@@ -54,11 +54,8 @@ def _impl_of_run(run_dir: Path) -> str | None:
 
 
 def unimplemented_advice(impl: str) -> str:
-    """What to do about a blank exercise of the submission ``impl``. The reference solution is
-    suggested only where it exists: the student release has no ``solutions`` package."""
+    """What to do about a blank exercise of the submission ``impl``."""
     where = "assignment/exercises.py" if impl == "assignment" else impl
-    if reference_available():
-        return f"Fill it in in {where}, or run --impl solutions."
     return f"Fill it in in {where} (its docstring and handout.md say how), then run again."
 
 

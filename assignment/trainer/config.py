@@ -7,7 +7,7 @@ task (``configs/cpu_synthetic.yaml``): a tiny random Llama that learns two-opera
 couple of minutes with no download, which is also what the autograder's learning check trains.
 
 ``load_config`` returns frozen dataclasses: the config is never mutated after loading
-(STYLE.md, 6). Unknown keys are refused with the closest valid key (difflib), and bad values
+(as in CleanRL and nanoGPT). Unknown keys are refused with the closest valid key (difflib), and bad values
 with a message that names the field.
 
 References: CleanRL's documented dataclass args; nanoGPT's commented config overrides.
@@ -106,7 +106,7 @@ class RolloutConfig:
     # The synthetic answer needs three tokens ('####', a digit, EOS); a short budget leaves
     # less room for junk tokens that blur the credit assignment.
     max_new_tokens: int = 4
-    # Sampling temperature; the update divides logits by the same value (CONTRACT.md, 5).
+    # Sampling temperature; the update divides logits by the same value (the contract, handout.md section 4, exercise 5).
     temperature: float = 1.0
     # Nucleus and top-k sampling (1.0 / 0 disable them).
     top_p: float = 1.0

@@ -1,8 +1,7 @@
 """Choose whose five exercises the trainer runs: the student's, the reference, or a file.
 
-``load_impl("assignment")`` is the student's ``assignment.exercises``, ``load_impl("solutions")``
-the reference ``solutions.exercises`` (staff repository only: the student release has no
-``solutions`` package), and any other value a path to a submission file, loaded by path.
+``load_impl("assignment")`` is the student's ``assignment.exercises``; any other value is the
+path of an exercises file (another submission, or a reference), loaded by path.
 
 ``load_module`` is the project's one way to import a Python file by path
 (``importlib.util.spec_from_file_location``): under a fresh module name, so that two loads
@@ -21,7 +20,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-MODULES = {"assignment": "assignment.exercises", "solutions": "solutions.exercises"}
 # What the trainer calls directly; exercises 1-3 are reached through ppo_minibatch_update.
 REQUIRED = ("compute_gae_advantages", "ppo_minibatch_update")
 
@@ -63,28 +61,14 @@ def load_module(path: str | os.PathLike, name: str | None = None) -> ModuleType:
     return module
 
 
-def reference_available() -> bool:
-    """Whether the reference solution can be imported: in the staff repository, not in the
-    student release. Asks for ``solutions.exercises``, not just ``solutions``: any folder named
-    ``solutions`` on the path (a student's notes) would pass for a namespace package."""
-    try:
-        return importlib.util.find_spec(MODULES["solutions"]) is not None
-    except ImportError:  # no parent package "solutions" at all
-        return False
-
-
 def load_impl(spec: str) -> ModuleType:
-    """The exercise module named by ``spec``: "assignment", "solutions" or a path to a .py file."""
-    if spec == "solutions" and not reference_available():
-        raise ImplError("--impl solutions: the reference solution is not part of this copy of the course; "
-                        "run your own exercises (--impl assignment, the default) or a path to a .py file")
+    """The exercise module named by ``spec``: "assignment" or the path of a .py file."""
     try:
-        if spec in MODULES:
-            module = importlib.import_module(MODULES[spec])
+        if spec == "assignment":
+            module = importlib.import_module("assignment.exercises")
         else:
             if not Path(spec).is_file():
-                choices = "assignment, solutions" if reference_available() else "assignment"
-                raise ImplError(f"--impl: no such file '{spec}' (use {choices} or a path to a .py file)")
+                raise ImplError(f"--impl: no such file '{spec}' (use assignment, or the path of a .py file)")
             module = load_module(spec)
     except ImplError:
         raise

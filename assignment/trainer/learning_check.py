@@ -4,10 +4,9 @@ It trains a tiny random-init Llama on the synthetic arithmetic task (the config 
 ``config``; no download, CPU only) with the exercise module ``impl``, and compares the mean
 training reward of the last ``runlog.REWARD_WINDOW`` (10) PPO steps with that of the first 10. The reference
 solution clears the default margin on every seed tried, while a sign-flipped policy loss
-(gradient ascent on the surrogate loss) does not (tests/test_learning_check.py).
+(gradient ascent on the surrogate loss) does not.
 
-The autograder calls ``run`` on a submission it has already loaded; the margin comes from
-grading.yaml.
+The autograder calls ``run`` on a submission it has already loaded, with its own margin.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from assignment.trainer.config import Config, KLConfig
 
 @dataclass(frozen=True)
 class UpdateConfig:
-    """What ``ppo_minibatch_update`` reads from its ``cfg`` argument (CONTRACT.md, 5)."""
+    """What ``ppo_minibatch_update`` reads from its ``cfg`` argument (the contract, handout.md section 4, exercise 5)."""
 
     temperature: float
     clip_ratio: float
@@ -80,7 +80,7 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
                progress: Any = None) -> dict[str, float]:
     """``cfg.ppo.epochs`` passes of shuffled minibatches through ``impl.ppo_minibatch_update``.
 
-    ``batch`` is the minibatch dict of CONTRACT.md, 5, for the whole rollout (B rows). The
+    ``batch`` is the minibatch dict of the contract (handout.md section 4, exercise 5), for the whole rollout (B rows). The
     optimizer steps at the end of every ``grad_accum_steps`` minibatches, and the scheduler
     after every optimizer step. Returns the mean of each metric over the minibatches (over the
     optimizer steps for ``stats/grad_norm``), plus ``stats/lr``.

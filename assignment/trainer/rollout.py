@@ -7,7 +7,7 @@ column ``P-1``; responses follow, right-padded to ``T`` (``assignment.trainer.ba
 ``logprobs_old`` and ``values`` come from a forward pass of the *same* ``PolicyWithValueHead``
 on the full (prompt + response) sequence, cut by ``batch.response_slice`` (``[P-1 : P+T-1]``)
 and divided by the sampling temperature, exactly as ``ppo_minibatch_update`` slices them
-(CONTRACT.md, 5). So at the first minibatch of the first epoch the PPO ratio is exactly 1 (up
+(the contract, handout.md section 4, exercise 5). So at the first minibatch of the first epoch the PPO ratio is exactly 1 (up
 to float rounding), which the generation scores would not guarantee. As in TRL and verl, ``logprobs_old`` is the full
 tempered softmax, without the top-k / top-p truncation that sampling applied.
 """
@@ -167,7 +167,7 @@ class Rollout:
         return self.sample.prompt_ids.shape[1]
 
     def update_batch(self, advantages: torch.Tensor, returns: torch.Tensor) -> dict[str, Any]:
-        """The whole rollout as the batch the update cuts into minibatches (CONTRACT.md, 5),
+        """The whole rollout as the batch the update cuts into minibatches (the contract, handout.md section 4, exercise 5),
         with the (B, T) ``advantages`` and ``returns`` computed from it."""
         return {
             "input_ids": self.input_ids, "attention_mask": self.attention_mask,

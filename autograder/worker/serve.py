@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import importlib.util
 import os
 import resource
 import socket
@@ -38,11 +37,9 @@ PR_SET_NO_NEW_PRIVS = 38
 
 
 def _load_submission(path: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(SUBMISSION_NAME, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[SUBMISSION_NAME] = module
-    spec.loader.exec_module(module)
-    return module
+    from assignment.trainer.impl import load_module  # the project's one loader by path
+
+    return load_module(path, SUBMISSION_NAME)
 
 
 def _error_reply(err: BaseException, path: str) -> dict:
@@ -187,7 +184,7 @@ def _update(module: ModuleType, header: dict, tensors: dict, oracle: _Oracle) ->
 
 def _train(module: ModuleType, header: dict) -> tuple[dict, dict]:
     """The CPU learning check: train the assembled submission on the synthetic task."""
-    from assignment.learning_check import run as learning_check
+    from assignment.trainer.learning_check import run as learning_check
 
     torch.set_num_threads(header["threads"])
     check = learning_check(module, seed=header["seed"], threshold=header["threshold"])

@@ -1,4 +1,4 @@
-"""The five exercises against CONTRACT.md itself: hand-computed cases and the properties the
+"""The five exercises against the contract itself (handout.md, section 4): hand-computed cases and the properties the
 contract implies. Independent of the autograder.
 
 Runs against ``--impl`` (see tests/conftest.py): the reference solution in the staff repo,

@@ -1,4 +1,4 @@
-"""Independent float64 check of the files in tests/submissions/ against CONTRACT.md.
+"""Independent float64 check of the files in tests/submissions/ against the contract (handout.md, section 4).
 
     cd /work/wt-alts && /work/main/.venv/bin/python tests/submissions/check_alternatives.py [--quick]
 
