@@ -292,7 +292,7 @@ GRADESCOPE_SCHEMA = json.loads((Path(__file__).parent / "gradescope_results.sche
 
 
 def test_results_json_validates_and_fake_results_are_overwritten(tmp_path):
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
     sub = tmp_path / "exercises.py"
     sub.write_text(corpus.render(corpus.by_name("attack_fake_results_import")))
     results = tmp_path / "results.json"
