@@ -38,6 +38,10 @@ def _source(cfg: ModelConfig) -> tuple[str, dict]:
     if not (folder / cfg.gguf_file).is_file():
         raise ModelError(f"GGUF model file not found: {folder / cfg.gguf_file} "
                          "(model.name is its folder, model.gguf_file the file name)")
+    try:  # transformers reads GGUF files with it; say so here rather than deep inside from_pretrained
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ModelError("model.gguf_file needs the gguf package: pip install gguf") from None
     return str(folder), {"gguf_file": cfg.gguf_file}
 
 
