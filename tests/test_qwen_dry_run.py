@@ -31,7 +31,7 @@ CONFIG = ROOT / "configs" / "gsm8k_qwen_coder.yaml"
 GGUF_NAME = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"  # the staged file's name
 TINY = ["train.steps=2", "eval.size=4", "eval.batch_size=2", "rollout.batch_size=4", "ppo.minibatch_size=2",
         "rollout.max_new_tokens=6", "rollout.forward_batch_size=2", "train.time_limit_s=0", "train.sample_every=1",
-        "train.progress=false", "train.cpu_threads=1", "ppo.min_reward_std=0"]
+        "train.cpu_threads=1", "ppo.min_reward_std=0"]
 
 
 @pytest.fixture()
@@ -51,10 +51,12 @@ def test_the_qwen_config_runs_end_to_end_in_time_limited_calls(staged, capsys):
     run = staged / "runs" / "gsm8k_qwen_coder"
     argv = ["--config", str(CONFIG), "--impl", str(ROOT / "solutions" / "exercises.py"), *TINY]
     assert cli.main(argv) == 0
-    calls = 1
-    while "status: time_limit" in capsys.readouterr().out and calls < 12:
+    calls, logs = 1, [capsys.readouterr().out]
+    while "status: time_limit" in logs[-1] and calls < 12:
         assert cli.main(["--resume", str(run)]) == 0  # each device call after the first
-        calls += 1
+        calls, logs = calls + 1, logs + [capsys.readouterr().out]
+    assert "continue with: ppo-train --resume runs/gsm8k_qwen_coder" in logs[0] and "status: finished (2 PPO steps)" in logs[-1]
+    assert "[eval step 0] 2/4 problems" in logs[0] and "[step 1] reward 0.000 correct 0.000" in logs[1]
     runs = json.loads((run / "run.json").read_text())
     # Each call stops after the first step or eval batch past the limit (here 0 s): eval batch 1;
     # eval batch 2 and step 1; step 2 and final eval batch 1; final eval batch 2.

@@ -211,6 +211,9 @@ class TrainConfig:
     wandb_project: str = "ppo-llm-course"
     # Show tqdm progress bars.
     progress: bool = True
+    # Print one line of the main metrics every this many PPO steps, and one per evaluation batch
+    # (0: never): for logs without a terminal, where progress bars are noise.
+    log_every: int = 0
     # torch CPU threads during the run (None: torch's default, one per core). A tiny model
     # runs fastest on one thread: more threads only add synchronisation, and on a busy
     # machine they spin (measured: the learning check takes 64 s on 1 thread, >8 min on 2
@@ -309,8 +312,8 @@ def _validate(cfg: Config) -> None:
     need(cfg.train.steps >= 1, "train.steps must be >= 1")
     need(cfg.train.cpu_threads is None or cfg.train.cpu_threads >= 1, "train.cpu_threads must be null or >= 1")
     need(cfg.train.time_limit_s is None or cfg.train.time_limit_s >= 0, "train.time_limit_s must be null or >= 0")
-    need(cfg.train.checkpoint_every >= 0 and cfg.train.sample_every >= 0 and cfg.train.num_samples >= 0,
-         "train.checkpoint_every, train.sample_every and train.num_samples must be >= 0")
+    need(min(cfg.train.checkpoint_every, cfg.train.sample_every, cfg.train.num_samples, cfg.train.log_every) >= 0,
+         "train.checkpoint_every, train.sample_every, train.num_samples and train.log_every must be >= 0")
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 

@@ -325,6 +325,8 @@ def run_eval(run: Run, cfg: Config, step: int) -> None:
             records += batch
             bar.update(len(batch))
             run.progress.add("eval", time.time() - started)
+            if cfg.train.log_every:
+                tqdm.write(f"[eval step {step}] {len(records)}/{len(problems)} problems, {time.time() - started:.1f} s")
             started = time.time()
             if len(records) < len(problems) and run.deadline.passed():
                 raise TimeUp(step)
@@ -352,6 +354,15 @@ def between_steps(run: Run, cfg: Config, step: int, samples: list[dict[str, Any]
         save(run, step)
 
 
+def step_line(step: int, metrics: dict[str, float]) -> str:
+    """One line of a step's main metrics, for logs without a terminal."""
+    fields = [("reward", "rollout/reward_mean", ".3f"), ("correct", "rollout/correct_rate", ".3f"),
+              ("len", "rollout/response_length", ".0f"), ("kl", "rollout/kl", ".2f"), ("kl_coeff", "rollout/kl_coeff", ".4f"),
+              ("approx_kl", "stats/approx_kl", ".4f"), ("clipfrac", "stats/policy_clipfrac", ".3f"),
+              ("minibatches", "stats/minibatches", ".0f"), ("rollout_s", "time/rollout", ".1f"), ("update_s", "time/update", ".1f")]
+    return f"[step {step}] " + " ".join(f"{name} {metrics[key]:{spec}}" for name, key, spec in fields if key in metrics)
+
+
 def run_steps(run: Run, cfg: Config, impl: ModuleType, on_step: Callable[[int, dict[str, float]], None] | None) -> None:
     """The schedule: the evaluation due at the start (before training, or one an earlier
     invocation left unfinished), then PPO steps with what is due between them. Raises TimeUp
@@ -367,6 +378,8 @@ def run_steps(run: Run, cfg: Config, impl: ModuleType, on_step: Callable[[int, d
         run.progress.add("train", time.time() - started, step)
         steps.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", correct=f"{metrics['rollout/correct_rate']:.2f}",
                           len=f"{metrics['rollout/response_length']:.0f}", kl=f"{metrics['rollout/kl']:.1f}")
+        if cfg.train.log_every and step % cfg.train.log_every == 0:
+            tqdm.write(step_line(step, metrics))
         between_steps(run, cfg, step, samples)
         if on_step is not None:
             on_step(step, metrics)
