@@ -72,6 +72,10 @@ def test_qwen_config_takes_the_hub_model(monkeypatch):
     assert (model.name, model.gguf_file) == ("Qwen/Qwen2.5-0.5B-Instruct", None)
 
 
+def test_smollm2_keeps_the_strict_reward_it_was_measured_with():
+    assert load_config(Path(__file__).resolve().parents[1] / "configs" / "gsm8k_smollm2.yaml").reward.answer_format == "strict"
+
+
 def test_no_config_names_a_folder_of_this_workplace():
     for path in CONFIGS:
         assert "/work/" not in path.read_text(), path.name

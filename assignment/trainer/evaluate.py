@@ -71,14 +71,3 @@ def evaluate_batches(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizer
                             "answer": scored.answer, "correct": scored.correct, "marker": scored.marker,
                             "length": int(length), "finished": bool(finished)})
         yield records
-
-
-def evaluate(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem],
-             cfg: Config, progress: Any = None) -> EvalResult:
-    """Greedy responses to ``problems``, scored with the config's reward extraction."""
-    records = []
-    for batch in evaluate_batches(policy, tokenizer, problems, cfg):
-        records += batch
-        if progress is not None:
-            progress.update(len(batch))
-    return summarize(records)
