@@ -31,6 +31,8 @@ case $SIM_ROOT in /?*) ;; *) echo "SIM_ROOT must be an absolute path other than 
 SIM_ROOT=${SIM_ROOT%/}
 BASE=$SIM_ROOT/base IMG=$SIM_ROOT/image RUNS=$SIM_ROOT/runs
 # Docker's default capability set (moby's defaults); everything else, CAP_SYS_ADMIN included, leaves the bounding set.
+# setup.sh's torch index (PyTorch's CPU index on Gradescope) is out of reach here: the local index stands in.
+if [ -z "${PPO_TORCH_INDEX:-}" ] && [ -d /opt/pypi/simple ]; then export PPO_TORCH_INDEX=file:///opt/pypi/simple; fi
 export DOCKER_CAPS=-all,+chown,+dac_override,+fowner,+fsetid,+kill,+setgid,+setuid,+setpcap,+setfcap,+net_bind_service,+net_raw,+sys_chroot,+mknod,+audit_write
 mkdir -p "$SIM_ROOT"
 exec 9>"$SIM_ROOT/.lock"                      # two runs sharing one SIM_ROOT would delete each other's image
@@ -109,7 +111,7 @@ container_main() {
     done
     hostname gradescope-sim
     local envs=(PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root HOSTNAME=gradescope-sim) v
-    for v in $(compgen -e); do case $v in PIP_*|PPO_GRADER_*) envs+=("$v=${!v}");; esac; done
+    for v in $(compgen -e); do case $v in PIP_*|PPO_GRADER_*|PPO_TORCH_INDEX) envs+=("$v=${!v}");; esac; done
     if [ -n "${SIM_SUBMISSION:-}" ]; then             # staff step, full root: stage the submission via the chroot
         chroot "$root" /bin/sh -ec 't=$1
             rm -rf /autograder/submission /autograder/results

@@ -9,10 +9,13 @@ from assignment.trainer.impl import load_module
 
 
 def pytest_addoption(parser):
-    parser.addoption(
-        "--impl", default="assignment",
-        help="whose five exercises tests/public checks: 'assignment' (your assignment/exercises.py, the "
-             "default) or the path to any exercises file")
+    try:
+        parser.addoption(
+            "--impl", default="assignment",
+            help="whose five exercises tests/public checks: 'assignment' (your assignment/exercises.py, the "
+                 "default) or the path to any exercises file")
+    except ValueError:  # a conftest.py above this folder registered it already, with its own default
+        pass
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The autograder against the corpus: the solution, the blank, mutants, alternatives, attacks.
+"""The autograder against the corpus: the solution, the blank, mutants, alternatives, attacks,
+and the CPU learning check (the trainer, run with a submission's five exercises).
 
 Full gradings use grading.yaml as shipped; the solution and the blank get one each. The
 many-submission tests use the same checks, tolerances and seeds with fewer examples per check
@@ -291,7 +292,7 @@ GRADESCOPE_SCHEMA = json.loads((Path(__file__).parent / "gradescope_results.sche
 
 
 def test_results_json_validates_and_fake_results_are_overwritten(tmp_path):
-    jsonschema = pytest.importorskip("jsonschema")
+    import jsonschema
     sub = tmp_path / "exercises.py"
     sub.write_text(corpus.render(corpus.by_name("attack_fake_results_import")))
     results = tmp_path / "results.json"
@@ -423,3 +424,7 @@ def test_training_check_passes_the_solution_and_fails_a_sign_flip(variant, passe
     assert check.exercise == 0 and check.passed is passes, check.feedback
     assert "mean reward of the first 10 steps" in check.feedback and "threshold +0.150" in check.feedback
     assert time.monotonic() - started < FULL.training.timeout_s
+    if passes:  # the arithmetic, not only the format: well above the 20% of the best input-blind
+        # policy (always answering 4, the most frequent sum of two operands in [0, 4])
+        after = float(check.feedback.split("greedy accuracy ")[1].split(" -> ")[1].split(";")[0])
+        assert after >= 0.35, check.feedback

@@ -40,6 +40,10 @@ def _source(cfg: ModelConfig) -> tuple[str, dict]:
     if not path.is_file():
         raise ModelError(f"GGUF model file not found: {path} "
                          "(model.name is its folder, model.gguf_file the file name or its path)")
+    try:  # transformers reads GGUF files with it; say so here rather than deep inside from_pretrained
+        import gguf  # noqa: F401
+    except ImportError:
+        raise ModelError("model.gguf_file needs the gguf package: pip install gguf") from None
     return str(path.parent), {"gguf_file": path.name}
 
 
