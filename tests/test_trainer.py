@@ -349,6 +349,28 @@ def test_time_limit_stops_cleanly_and_resume_matches_an_uninterrupted_run(tmp_pa
     assert [r["status"] for r in runs] == [TIME_LIMIT] * 6 + [FINISHED] and all("seconds" in r for r in runs)
 
 
+def test_a_crash_in_the_last_evaluation_costs_no_training(tmp_path, monkeypatch):
+    """The last step saves before it evaluates: after, say, an out-of-memory error in the final
+    evaluation, --resume only evaluates."""
+    from assignment.trainer import loop
+
+    real = loop.evaluate_batches
+
+    def out_of_memory_after_training(policy, tokenizer, problems, cfg):
+        if (Path(cfg.train.output_dir) / "metrics.jsonl").read_text().count("\n") == cfg.train.steps:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(policy, tokenizer, problems, cfg)
+
+    cfg = tiny_cfg(tmp_path)
+    monkeypatch.setattr(loop, "evaluate_batches", out_of_memory_after_training)
+    with pytest.raises(torch.OutOfMemoryError):
+        train(cfg, SOLUTION)
+    monkeypatch.setattr(loop, "evaluate_batches", real)
+    resumed = train(cfg, SOLUTION, resume=True)
+    assert [m["step"] for m in resumed.metrics] == [1, 2, 3] and [e["step"] for e in resumed.evals] == [0, 3]
+    assert json.loads((cfg_dir(cfg) / "run.json").read_text())[-1].get("train_seconds") is None  # no step re-run
+
+
 def test_cli_time_limit_exits_0_and_says_how_to_resume(capsys, tmp_path):
     run = tmp_path / "run"
     argv = ["--impl", str(REFERENCE), *TINY, f"train.output_dir={run}", "train.time_limit_s=0", "eval.size=0"]

@@ -16,8 +16,8 @@ TinyZero/verl; laid out in one block as in CleanRL's ``ppo.py``):
        early when approx_kl passes the ``ppo.target_kl`` bound
 
 Around it: ``setup_run`` builds what the steps share (a ``Run``), and ``run_steps`` is the
-schedule: an evaluation before the first step; samples, evaluations and checkpoints between
-steps when they are due; the last evaluation and checkpoint after the last step. With
+schedule: an evaluation before the first step; samples, checkpoints and evaluations between
+steps when they are due; the last checkpoint and evaluation after the last step. With
 ``train.time_limit_s``, the run stops cleanly after the step or evaluation batch that crosses the
 limit (``TimeUp``), saves a checkpoint and returns with status "time_limit"; ``--resume``
 continues it exactly, an interrupted evaluation included.
@@ -344,14 +344,16 @@ def log_samples(run: Run, step: int, samples: list[dict[str, Any]]) -> None:
 
 
 def between_steps(run: Run, cfg: Config, step: int, samples: list[dict[str, Any]]) -> None:
-    """After step ``step``: samples, an evaluation and a checkpoint, each when it is due; the
-    last step always evaluates, then saves."""
+    """After step ``step``: samples, a checkpoint and an evaluation, each when it is due; the
+    last step always saves, then evaluates. Saving first means that an evaluation which crashes
+    (out of memory, say) or is stopped by the time limit costs no training: ``--resume``
+    continues with the evaluation."""
     if cfg.train.num_samples and cfg.train.sample_every and (step == 1 or step % cfg.train.sample_every == 0):
         log_samples(run, step, samples)
-    if eval_due(cfg, step):
-        run_eval(run, cfg, step)
     if step == cfg.train.steps or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
         save(run, step)
+    if eval_due(cfg, step):
+        run_eval(run, cfg, step)
 
 
 def step_line(step: int, metrics: dict[str, float]) -> str:
