@@ -37,9 +37,43 @@ def test_env_var_interpolation(monkeypatch):
 
 def test_gsm8k_configs_default_to_the_hub(monkeypatch):
     monkeypatch.delenv("GSM8K_DIR", raising=False)
-    for name in ("gsm8k_smollm2.yaml", "gsm8k_qwen2.5-0.5b.yaml"):
+    for name in ("gsm8k_smollm2.yaml", "gsm8k_qwen_coder.yaml"):
         data = load_config(Path(__file__).resolve().parents[1] / "configs" / name).data
         assert data.local_dir is None and data.hub_id == "openai/gsm8k", name
+
+
+QWEN = Path(__file__).resolve().parents[1] / "configs" / "gsm8k_qwen_coder.yaml"
+
+
+def test_qwen_config_reads_the_staged_paths_and_validates(monkeypatch):
+    """The GPU run's config with the variables device-stage's env.sh exports (fake paths)."""
+    monkeypatch.setenv("MODEL_DIR", "/stage/model")
+    monkeypatch.setenv("MODEL_GGUF", "/stage/model/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf")
+    monkeypatch.setenv("GSM8K_DIR", "/stage/gsm8k")
+    cfg = load_config(QWEN)
+    assert cfg.model.name == "/stage/model" and cfg.model.gguf_file.endswith("/Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf")
+    assert cfg.data.local_dir == "/stage/gsm8k" and "\\boxed{}" in cfg.data.prompt_template
+    # What the measured runs taught (the config's comments say why).
+    assert (cfg.reward.answer_format, cfg.reward.format_bonus, cfg.ppo.gamma, cfg.ppo.lam) == ("last_of_both", 0.0, 1.0, 1.0)
+    assert cfg.kl.adaptive and cfg.kl.coeff > 0 and cfg.ppo.target_kl and cfg.ppo.min_reward_std > 0
+    assert cfg.train.time_limit_s and cfg.train.time_limit_s + 120 < 600  # a step, a checkpoint and startup fit
+    assert cfg.rollout.cache_implementation is None  # the eager path, as measured
+
+
+def test_qwen_config_without_the_environment(monkeypatch):
+    for name in ("MODEL_DIR", "MODEL_GGUF", "GSM8K_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    model = load_config(QWEN).model
+    assert (model.name, model.gguf_file) == ("models/qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf")
+
+
+def test_qwen_config_takes_the_hub_model(monkeypatch):
+    model = load_config(QWEN, ["model.name=Qwen/Qwen2.5-0.5B-Instruct", "model.gguf_file=null"]).model
+    assert (model.name, model.gguf_file) == ("Qwen/Qwen2.5-0.5B-Instruct", None)
+
+
+def test_smollm2_keeps_the_strict_reward_it_was_measured_with():
+    assert load_config(Path(__file__).resolve().parents[1] / "configs" / "gsm8k_smollm2.yaml").reward.answer_format == "strict"
 
 
 def test_no_config_names_a_folder_of_this_workplace():
@@ -83,6 +117,12 @@ def test_unknown_key_in_yaml_names_the_file(tmp_path):
     ("reward.format_bonus_when=sometimes", "format_bonus_when"),
     ("data.curriculum_start=9", "curriculum_start"),
     ("ppo.lr=fast", "could not be converted"),
+    ("reward.answer_format=boxed", "answer_format"),
+    ("ppo.target_kl=0", "target_kl"),
+    ("ppo.advantage_clip=-1", "advantage_clip"),
+    ("kl.adaptive=true", "kl.adaptive needs kl.coeff > 0"),  # the default coefficient is 0
+    ("rollout.cache_implementation=sliding", "cache_implementation"),
+    ("train.time_limit_s=-5", "time_limit_s"),
 ])
 def test_bad_values_are_refused_by_name(override, message):
     with pytest.raises(ConfigError, match=message):

@@ -1,58 +1,25 @@
-"""Model loading: a real (tiny, self-made) GGUF file goes through transformers' GGUF loader,
-and the trainer clears the quantization flags that loader leaves on a dequantized model."""
+"""Model loading: real (tiny, self-made) GGUF files go through transformers' GGUF loader, the
+llama architecture (SmolLM2) and the qwen2 one (Qwen2.5-Coder, the GPU run's model), and the
+trainer clears the quantization flags that loader leaves on a dequantized model. A hub id is
+passed to transformers as it is."""
 
-import numpy as np
 import pytest
 import torch
 
-from assignment.trainer.config import ModelConfig
-from assignment.trainer.loading import ModelError, build_models, load_lm
+from assignment.trainer import loading
+from assignment.trainer.config import DataConfig, ModelConfig
+from assignment.trainer.loading import ModelError, build_models, load_lm, load_tokenizer
+from assignment.trainer.rollout import eos_token_ids, render_prompts
 from assignment.trainer.synthetic import build_tokenizer
 
 gguf = pytest.importorskip("gguf")
+from gguf_models import QWEN_SPECIALS, write_tiny_llama_gguf, write_tiny_qwen2_gguf  # noqa: E402
 
-V, H, LAYERS, FFN, HEADS, KV_HEADS = 25, 32, 2, 64, 4, 2
-
-
-def write_tiny_llama_gguf(path):
-    """A 2-layer Llama in GGUF (float32 tensors, random weights), as llama.cpp would write it."""
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(64)
-    w.add_embedding_length(H)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
-    w.add_rope_dimension_count(H // HEADS)
-    w.add_tokenizer_model("llama")
-    w.add_token_list([f"t{i}" for i in range(V)])
-    w.add_token_scores([0.0] * V)
-    w.add_token_types([1] * V)
-    rng = np.random.default_rng(0)
-
-    def add(name, *shape):
-        w.add_tensor(name, (rng.standard_normal(shape) * 0.02).astype(np.float32))
-
-    add("token_embd.weight", V, H)
-    add("output.weight", V, H)
-    w.add_tensor("output_norm.weight", np.ones(H, np.float32))
-    kv = KV_HEADS * H // HEADS
-    for i in range(LAYERS):
-        for name, shape in (("attn_q", (H, H)), ("attn_k", (kv, H)), ("attn_v", (kv, H)), ("attn_output", (H, H)),
-                            ("ffn_gate", (FFN, H)), ("ffn_up", (FFN, H)), ("ffn_down", (H, FFN))):
-            add(f"blk.{i}.{name}.weight", *shape)
-        for name in ("attn_norm", "ffn_norm"):
-            w.add_tensor(f"blk.{i}.{name}.weight", np.ones(H, np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+V = 25
 
 
 def test_gguf_model_loads_unflagged_and_trains(tmp_path):
-    write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    write_tiny_llama_gguf(tmp_path / "tiny.gguf", V)
     cfg = ModelConfig(name=str(tmp_path), gguf_file="tiny.gguf", dtype="float32")
     lm = load_lm(cfg, build_tokenizer(), seed=0)
     assert lm.config.vocab_size == V and lm.training
@@ -64,7 +31,7 @@ def test_gguf_model_loads_unflagged_and_trains(tmp_path):
 
 
 def test_gguf_policy_and_reference(tmp_path):
-    write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    write_tiny_llama_gguf(tmp_path / "tiny.gguf", V)
     cfg = ModelConfig(name=str(tmp_path), gguf_file="tiny.gguf", gradient_checkpointing=True)
     policy, ref = build_models(cfg, build_tokenizer(), seed=0, device=torch.device("cpu"))
     ids = torch.randint(0, V, (2, 5))
@@ -77,3 +44,64 @@ def test_gguf_policy_and_reference(tmp_path):
 def test_missing_gguf_file_is_a_clear_error(tmp_path):
     with pytest.raises(ModelError, match="GGUF model file not found"):
         load_lm(ModelConfig(name=str(tmp_path), gguf_file="absent.gguf"), build_tokenizer(), seed=0)
+
+
+@pytest.fixture(scope="module")
+def qwen2_gguf(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen2")
+    vocab = write_tiny_qwen2_gguf(folder / "tiny-qwen2.gguf")
+    return folder, vocab
+
+
+def test_qwen2_gguf_loads_with_its_tokenizer_chat_template_and_eos(qwen2_gguf):
+    """What the GPU run needs of the real file: a Qwen2 model with q/k/v biases, dequantized and
+    unflagged; the GGUF's ChatML template; <|im_end|> among the ids that end a response, whichever
+    of <|endoftext|> / <|im_end|> the transformers version calls the tokenizer's EOS (5.17 and
+    5.24 differ); the pad token is <|endoftext|>, not the end of turn."""
+    folder, vocab = qwen2_gguf
+    cfg = ModelConfig(name=str(folder), gguf_file="tiny-qwen2.gguf", gradient_checkpointing=True)
+    tokenizer = load_tokenizer(cfg)
+    policy, ref = build_models(cfg, tokenizer, seed=0, device=torch.device("cpu"))
+    lm = policy.lm
+    assert type(lm).__name__ == "Qwen2ForCausalLM" and lm.config.vocab_size == vocab
+    assert lm.model.layers[0].self_attn.q_proj.bias is not None and not getattr(lm, "is_quantized", False)
+    endoftext, im_start, im_end = tokenizer.convert_tokens_to_ids(QWEN_SPECIALS)
+    assert im_end in eos_token_ids(lm, tokenizer) and tokenizer.pad_token_id == endoftext
+    data = DataConfig(prompt_template="{question}\nPlease reason step by step, and put your final answer within \\boxed{}.")
+    prompt = render_prompts(tokenizer, ["What is 2 + 3?"], data)[0]
+    assert prompt == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+                      "<|im_start|>user\nWhat is 2 + 3?\nPlease reason step by step, and put your final answer within "
+                      "\\boxed{}.<|im_end|>\n<|im_start|>assistant\n")
+    ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    assert ids[0] == im_start and ids.count(im_end) == 2 and tokenizer.decode(ids) == prompt
+    logits, values = policy(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
+    assert logits.shape == (1, len(ids), vocab) and torch.isfinite(logits).all()
+
+
+def test_gguf_file_may_be_a_path_of_its_own(qwen2_gguf):
+    folder, _ = qwen2_gguf
+    # As device-stage's env.sh exports it: MODEL_GGUF is the file's full path.
+    assert loading._source(ModelConfig(name="elsewhere", gguf_file=str(folder / "tiny-qwen2.gguf"))) == (
+        str(folder), {"gguf_file": "tiny-qwen2.gguf"})
+    assert loading._source(ModelConfig(name=str(folder), gguf_file="tiny-qwen2.gguf")) == (
+        str(folder), {"gguf_file": "tiny-qwen2.gguf"})
+
+
+def test_a_hub_id_goes_to_transformers_unchanged(monkeypatch):
+    """model.name=Qwen/Qwen2.5-0.5B-Instruct model.gguf_file=null (no network here: the calls are recorded)."""
+    calls = []
+
+    class Recorder:
+        @staticmethod
+        def from_pretrained(source, **kwargs):
+            calls.append((source, kwargs))
+            raise OSError("offline")
+
+    monkeypatch.setattr(loading, "AutoTokenizer", Recorder)
+    monkeypatch.setattr(loading, "AutoModelForCausalLM", Recorder)
+    cfg = ModelConfig(name="Qwen/Qwen2.5-0.5B-Instruct", gguf_file=None)
+    with pytest.raises(ModelError, match="Qwen/Qwen2.5-0.5B-Instruct"):
+        load_tokenizer(cfg)
+    with pytest.raises(ModelError, match="cannot load the model 'Qwen/Qwen2.5-0.5B-Instruct'"):
+        load_lm(cfg, build_tokenizer(), seed=0)
+    assert calls == [("Qwen/Qwen2.5-0.5B-Instruct", {}), ("Qwen/Qwen2.5-0.5B-Instruct", {"dtype": torch.float32})]

@@ -1,25 +1,90 @@
-"""The run report: every section is filled from a real (tiny) run's files."""
+"""The run report and its folder: every section is filled from a real (tiny) run's files, and
+every headline figure of summary.json is recomputed here from the per-problem files alone."""
 
+import json
+import math
 from pathlib import Path
+
+import pytest
 
 from assignment.trainer import cli
 from assignment.trainer.config import load_config
 from assignment.trainer.impl import load_impl
 from assignment.trainer.loop import train
+from assignment.trainer.report import _invocation_line, _wall_time
+from assignment.trainer.reward import extract_answer
+from assignment.trainer.runlog import read_jsonl
 
 REFERENCE = Path(__file__).resolve().parents[1] / "solutions" / "exercises.py"
+RECORD_FIELDS = {"question", "reference", "response", "answer", "correct"}
 
 
-def test_report_of_a_tiny_run(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def reported(tmp_path_factory):
+    """A tiny run (2 steps, 6 test problems in batches of 4) and its report with 12 s of staging."""
+    tmp = tmp_path_factory.mktemp("report")
     cfg = load_config(None, ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", "eval.size=6",
-                             "train.steps=2", "train.progress=false", "train.tensorboard=false", "train.cpu_threads=1",
-                             f"train.output_dir={tmp_path / 'run'}"])
+                             "eval.batch_size=4", "train.steps=2", "train.progress=false", "train.tensorboard=false",
+                             "train.cpu_threads=1", f"train.output_dir={tmp / 'run'}"])
     train(cfg, load_impl(str(REFERENCE)), command="ppo-train tiny")
-    out = tmp_path / "reports" / "tiny.md"
-    assert cli.main(["--report", str(tmp_path / "run"), "--report-out", str(out)]) == 0
+    out = tmp / "reports" / "tiny.md"
+    assert cli.main(["--report", str(tmp / "run"), "--report-out", str(out), "--staging-seconds", "12"]) == 0
+    return tmp / "run", out
+
+
+def test_report_of_a_tiny_run(reported):
+    run, out = reported
     text = out.read_text()
-    assert "`ppo-train tiny`" in text and "wall time" in text
+    assert "`ppo-train tiny`" in text and "wall time" in text and "staging 12 s" in text
     assert "| rollout/reward_mean |" in text and "![reward curve](tiny.png)" in text
-    assert (tmp_path / "reports" / "tiny.png").stat().st_size > 1000
-    assert "Two-proportion z-test" in text and "| before | 0 | 6 |" in text and "| after | 2 | 6 |" in text
-    assert text.count("**Question**") == 3 and "What is" in text
+    assert (out.parent / "tiny.png").stat().st_size > 1000
+    assert "exact McNemar p = 1" in text and "| before | 0 | 6 |" in text and "| after | 2 | 6 |" in text
+    assert "### Improved (wrong -> right)" in text and "### Unchanged, wrong" in text and "What is" in text
+
+
+def test_report_folder_holds_the_files_behind_every_figure(reported):
+    run, out = reported
+    bundle = out.parent / "tiny"
+    assert sorted(p.name for p in bundle.iterdir()) == ["config.yaml", "eval_after.jsonl", "eval_before.jsonl",
+                                                        "metrics.jsonl", "run.json", "summary.json"]
+    summary = json.loads((bundle / "summary.json").read_text())
+    for key in ("card", "n", "accuracy_before", "accuracy_after", "mcnemar_p", "reward_first10", "reward_last10",
+                "gpu_seconds", "response_length_before", "response_length_after", "kl_final", "kl_budget"):
+        assert key in summary, key
+    assert summary["gpu_seconds"] == pytest.approx(summary["seconds"]["wall"] + 12)
+
+
+def test_summary_is_recomputable_from_the_per_problem_files(reported):
+    """Accuracies, McNemar's p and the training rewards, from eval_*.jsonl and metrics.jsonl alone."""
+    bundle = reported[1].parent / "tiny"
+    summary = json.loads((bundle / "summary.json").read_text())
+    before, after = read_jsonl(bundle / "eval_before.jsonl"), read_jsonl(bundle / "eval_after.jsonl")
+    assert len(before) == len(after) == summary["n"] == 6
+    for old, new in zip(before, after):
+        assert RECORD_FIELDS <= set(old) and RECORD_FIELDS <= set(new) and old["question"] == new["question"]
+        for record in (old, new):  # the answer is the reward's extraction, and correct means equal to the reference
+            assert record["answer"] == extract_answer(record["response"], summary["answer_format"])
+            assert record["correct"] == (record["answer"] == record["reference"])
+    assert summary["accuracy_before"] == sum(r["correct"] for r in before) / 6
+    assert summary["accuracy_after"] == sum(r["correct"] for r in after) / 6
+    b = sum(o["correct"] and not n["correct"] for o, n in zip(before, after))
+    c = sum(n["correct"] and not o["correct"] for o, n in zip(before, after))
+    tail = sum(math.comb(b + c, i) for i in range(min(b, c) + 1))
+    assert summary["mcnemar_p"] == min(1.0, 2 * tail / 2 ** (b + c)) and (summary["regressed"], summary["improved"]) == (b, c)
+    rewards = [m["rollout/reward_mean"] for m in read_jsonl(bundle / "metrics.jsonl")]
+    assert summary["reward_first10"] == pytest.approx(sum(rewards[:10]) / len(rewards[:10]))
+    assert summary["response_length_after"] == pytest.approx(sum(r["length"] for r in after) / 6)
+
+
+def test_killed_invocations_are_named_and_summed_as_far_as_known():
+    base = {"command": "ppo-train x", "resume": False, "device": "H200", "torch": "2.11", "transformers": "5.17",
+            "started": "now"}
+    old_kill = dict(base)  # written before run.json was kept current: no time at all
+    new_kill = {**base, "seconds": 300.0, "train_seconds": 250.0, "eval_seconds": 40.0, "status": "running"}
+    done = {**base, "resume": True, "seconds": 100.0, "train_seconds": 60.0, "eval_seconds": 30.0, "status": "finished"}
+    assert "no end time recorded" in _invocation_line(old_kill) and "nan" not in _invocation_line(old_kill)
+    assert "killed: at least 300 s" in _invocation_line(new_kill)
+    assert "wall time 100 s, finished (60 s train, 30 s eval)" in _invocation_line(done)
+    times = _wall_time([old_kill, new_kill, done], staging_seconds=None)
+    assert (times["wall"], times["training"], times["evaluation"], times["other"]) == (400.0, 310.0, 70.0, 20.0)
+    assert times["invocations_without_time"] == 1 and times["staging"] is None

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from assignment.trainer.config import RewardConfig
-from assignment.trainer.reward import extract_answer, normalize_number, reasoning_words, score
+from assignment.trainer.reward import extract_answer, find_answer, normalize_number, reasoning_words, score
 
 # Answer fields as they appear in OpenAI's GSM8K train/test files.
 REAL_ANSWERS = [
@@ -31,6 +31,50 @@ def test_extracts_real_gsm8k_answers(text, expected):
 ])
 def test_extract_answer_formats(text, expected):
     assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("so the answer is \\boxed{18}.", "18"),
+    ("\\boxed{1,000}", "1000"), ("\\boxed{$18}", "18"), ("\\boxed{\\$18}", "18"), ("\\boxed{ 3.50 }", "3.5"),
+    ("\\boxed{-7}", "-7"), ("$\\boxed{72}$", "72"), ("\\[ \\boxed{5} \\]", "5"),
+    ("\\boxed{\\frac{1}{2}}", None),  # nested braces: not a number, no answer
+    ("\\boxed{18\\%}", None), ("\\boxed{18 \\text{ dollars}}", None), ("\\boxed{x}", None), ("\\boxed{}", None),
+    ("#### 5\nso \\boxed{7}", "7"), ("\\boxed{7}\n#### 5", "5"),  # whichever comes last
+    ("\\boxed{3} then \\boxed{4}", "4"),
+    ("#### 5 then \\boxed{\\frac{1}{2}}", "5"),  # a malformed marker is skipped, as '#### seventy' is
+])
+def test_last_of_both_reads_boxed_and_hashes(text, expected):
+    assert extract_answer(text, "last_of_both") == expected
+    assert extract_answer(text) == expected  # the default
+
+
+@pytest.mark.parametrize("text, expected", [("\\boxed{18}", None), ("#### 5\nso \\boxed{7}", "5"), ("#### 1,000", "1000")])
+def test_strict_reads_only_hashes(text, expected):
+    assert extract_answer(text, "strict") == expected
+
+
+def test_find_answer_says_which_marker_and_where():
+    text = "2 + 2 = 4, so \\boxed{4}"
+    answer = find_answer(text)
+    assert (answer.value, answer.marker, text[answer.start:]) == ("4", "boxed", "\\boxed{4}")
+    assert find_answer("#### 4").marker == "####" and find_answer("no answer") is None
+    with pytest.raises(ValueError, match="answer_format"):
+        find_answer("#### 4", "loose")
+
+
+def test_score_reads_boxed_unless_strict():
+    boxed = "2 + 2 = 4, so \\boxed{4}"
+    scored = score(boxed, "4", True, 12, RewardConfig(format_bonus=0.0))
+    assert (scored.reward, scored.correct, scored.answer, scored.marker) == (1.0, True, "4", "boxed")
+    strict = score(boxed, "4", True, 12, RewardConfig(format_bonus=0.0, answer_format="strict"))
+    assert (strict.reward, strict.correct, strict.formatted, strict.answer) == (0.0, False, False, None)
+
+
+def test_reasoning_words_count_before_the_boxed_answer_too():
+    assert reasoning_words("one two three \\boxed{5}") == 3
+    cfg = RewardConfig(format_bonus=0.2, format_bonus_when="reasoning", min_reasoning_words=3)
+    assert score("\\boxed{5}", "4", True, 3, cfg).reward == 0.0
+    assert score("one two three \\boxed{5}", "4", True, 9, cfg).reward == pytest.approx(0.2)
 
 
 def test_normalize_number_compares_values_not_strings():

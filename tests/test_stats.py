@@ -1,34 +1,51 @@
-"""The two-proportion z-test used by the GSM8K report."""
-
-import math
+"""The exact McNemar test used by the GSM8K report, against binomial tails computed by hand."""
 
 import pytest
 
-from assignment.trainer.stats import two_proportion_z_test
+from assignment.trainer.stats import binomial_two_sided_p, mcnemar_exact
 
 
-def test_textbook_example():
-    # 45/100 vs 56/100: pooled p = 0.505, se = sqrt(0.505 * 0.495 * 0.02) = 0.070709, z = 1.5557.
-    t = two_proportion_z_test(45, 100, 56, 100)
-    assert t.z == pytest.approx(0.11 / math.sqrt(0.505 * 0.495 * 0.02), rel=1e-12)
-    assert t.z == pytest.approx(1.5557, abs=1e-4)
-    assert t.p_value == pytest.approx(0.11980, abs=1e-4)  # 2 * (1 - Phi(1.5557))
-    assert t.diff == pytest.approx(0.11)
-    assert t.ci_low < 0.11 < t.ci_high
+@pytest.mark.parametrize("k, n, expected", [
+    (1, 6, 2 * (1 + 6) / 64),  # P(X <= 1) of Bin(6, 1/2) = (C(6,0) + C(6,1)) / 2^6 = 7/64
+    (3, 15, 2 * (1 + 15 + 105 + 455) / 32768),  # = 1152/32768 = 0.03515625
+    (12, 15, 2 * (1 + 15 + 105 + 455) / 32768),  # symmetric: min(k, n - k) = 3
+    (0, 10, 2 / 1024),
+    (0, 1, 1.0), (5, 10, 1.0), (0, 0, 1.0),  # the doubled tail is capped at 1; no discordant pair: 1
+])
+def test_binomial_two_sided_p_is_the_doubled_exact_tail(k, n, expected):
+    assert binomial_two_sided_p(k, n) == pytest.approx(expected, rel=1e-12)
 
 
-def test_symmetric_and_significant_for_large_gaps():
-    up, down = two_proportion_z_test(10, 500, 60, 500), two_proportion_z_test(60, 500, 10, 500)
-    assert up.z == pytest.approx(-down.z) and up.p_value == pytest.approx(down.p_value)
-    assert up.p_value < 1e-6 and up.ci_low > 0
+def test_large_counts_stay_exact():
+    # Bin(2000, 1/2): 2 * 2^-2000 is below the smallest float; the exact fraction rounds to ~0, no error.
+    assert 0.0 <= binomial_two_sided_p(0, 2000) < 1e-300
+    assert binomial_two_sided_p(1000, 2000) == 1.0
+    # Normal check: 900 of 2000 is 4.47 sd below the mean; two-sided p ~ 8.6e-6 (by the normal, ~7.7e-6).
+    assert 5e-6 < binomial_two_sided_p(900, 2000) < 1.2e-5
 
 
-def test_equal_and_degenerate_proportions():
-    assert two_proportion_z_test(30, 100, 30, 100).p_value == pytest.approx(1.0)
-    assert two_proportion_z_test(0, 50, 0, 80).p_value == 1.0  # zero variance: no evidence
+def test_mcnemar_counts_only_the_discordant_pairs():
+    before = [True] * 10 + [False] * 20 + [True] * 3 + [False] * 12  # 3 regressed, 12 improved below
+    after = [True] * 10 + [False] * 20 + [False] * 3 + [True] * 12
+    test = mcnemar_exact(before, after)
+    assert (test.n, test.before, test.after, test.b, test.c) == (45, 13, 22, 3, 12)
+    assert test.p_value == pytest.approx(0.03515625, rel=1e-12)
+    assert test.diff == pytest.approx(9 / 45)
+    swapped = mcnemar_exact(after, before)
+    assert (swapped.b, swapped.c, swapped.p_value) == (12, 3, test.p_value)
 
 
-@pytest.mark.parametrize("args", [(1, 0, 1, 1), (5, 4, 1, 4), (-1, 4, 1, 4)])
-def test_rejects_impossible_counts(args):
+def test_no_change_is_p_one():
+    same = [True, False, True]
+    assert mcnemar_exact(same, same).p_value == 1.0
+
+
+@pytest.mark.parametrize("before, after", [([], []), ([True], [True, False])])
+def test_rejects_unpaired_outcomes(before, after):
     with pytest.raises(ValueError):
-        two_proportion_z_test(*args)
+        mcnemar_exact(before, after)
+
+
+def test_rejects_impossible_counts():
+    with pytest.raises(ValueError):
+        binomial_two_sided_p(7, 6)

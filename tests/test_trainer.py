@@ -1,5 +1,6 @@
-"""The trainer around the exercises: rollout masks, slice alignment, the update loop, runs,
-resume, the CLI's clear errors, and GGUF quantization flags."""
+"""The trainer around the exercises: rollout masks, slice alignment, the update loop with its
+early stop and advantage guard, runs, resume (after a kill and after the time limit), the
+evaluation records, the CLI's clear errors, and GGUF quantization flags."""
 
 import importlib.util
 import json
@@ -10,14 +11,15 @@ import pytest
 import torch
 
 from assignment.trainer import cli
-from assignment.trainer.config import load_config
+from assignment.trainer.config import DataConfig, load_config
 from assignment.trainer.impl import ImplError, load_impl, load_module
 from assignment.trainer.loading import build_models, clear_quantization_flags, load_tokenizer
 from assignment.model import tiny_llama
 from assignment.trainer.batch import minibatches, response_slice, trim_padding
-from assignment.trainer.ppo import KLController, UpdateConfig, ppo_update
-from assignment.trainer.rollout import collect, render_prompts, response_mask_from_ids
-from assignment.trainer.loop import RunDirError, train
+from assignment.trainer.ppo import KLController, UpdateConfig, guard_advantages, ppo_update
+from assignment.trainer.rollout import collect, render_prompts, response_mask_from_ids, sample
+from assignment.trainer.loop import FINISHED, TIME_LIMIT, RunDirError, train
+from assignment.trainer.runlog import read_jsonl
 
 REFERENCE = Path(__file__).resolve().parents[1] / "solutions" / "exercises.py"
 SOLUTION = load_impl(str(REFERENCE))
@@ -173,6 +175,80 @@ def test_ppo_update_steps_the_optimizer_once_per_accumulation_cycle(rollout_setu
     assert sched.last_epoch == 6 and metrics["loss/total"] == 0.0
 
 
+class ScriptedKL:
+    """An impl whose minibatch update backpropagates a real loss and steps as the contract says,
+    but reports the approx_kl values of a script, one per call."""
+
+    compute_gae_advantages = SOLUTION.compute_gae_advantages
+
+    def __init__(self, approx_kls):
+        self.approx_kls, self.flags, self.steps = list(approx_kls), [], 0
+
+    def ppo_minibatch_update(self, model, optimizer, minibatch, update_cfg, step_optimizer):
+        self.flags.append(step_optimizer)
+        loss = model.value_head.weight.sum() + model.value_head.bias.sum()
+        (loss / update_cfg.grad_accum_steps).backward()
+        if step_optimizer:
+            optimizer.step()
+            optimizer.zero_grad()
+            self.steps += 1
+        return {"loss/total": loss.item(), "stats/approx_kl": self.approx_kls[len(self.flags) - 1]}
+
+
+@pytest.mark.parametrize("approx_kls, ran, optimizer_steps", [
+    ([0.0, 0.01, 0.02, 0.0, 0.05] + [0.0] * 7, 5, 2),  # stops on a minibatch inside a cycle: discarded
+    ([0.0, 0.04] + [0.0] * 10, 2, 1),  # stops on a minibatch that stepped
+    ([0.0, 0.03] * 6, 12, 6),  # 0.03 is not above 1.5 * 0.02: never stops
+])
+def test_target_kl_stops_the_update_and_leaves_no_gradient(rollout_setup, approx_kls, ran, optimizer_steps):
+    cfg, tok, policy, rollout = rollout_setup
+    cfg = load_config(None, TINY + ["ppo.minibatch_size=2", "ppo.grad_accum_steps=2", "ppo.epochs=3", "ppo.target_kl=0.02"])
+    impl = ScriptedKL(approx_kls)
+    opt = torch.optim.SGD(policy.parameters(), lr=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+    metrics = ppo_update(impl, policy, opt, sched, minibatch_of(rollout, torch.arange(8)), cfg,
+                         torch.Generator().manual_seed(0))
+    assert len(impl.flags) == ran and impl.steps == optimizer_steps and sched.last_epoch == optimizer_steps
+    assert all(p.grad is None for p in policy.parameters())  # nothing carried into the next PPO step
+    assert metrics["stats/minibatches"] == ran and metrics["stats/early_stop"] == float(ran < 12)
+    if ran < 12:
+        assert metrics["stats/early_stop_minibatch"] == ran - 1 and metrics["stats/early_stop_approx_kl"] > 0.03
+
+
+def test_guard_skips_batches_without_reward_spread_and_clips():
+    mask = torch.ones(64, 5, dtype=torch.bool)
+    ppo = load_config(None, ["ppo.min_reward_std=0.15", "ppo.advantage_clip=4"]).ppo
+    for rewarded, skipped in ((0, True), (1, True), (2, False), (16, False)):
+        final = torch.zeros(64)
+        final[:rewarded] = 1.0
+        raw = final[:, None].expand(64, 5)  # gamma = lam = 1, values 0, no KL: every token gets its reward
+        whitened = SOLUTION.compute_gae_advantages(final, torch.zeros(64, 5), torch.zeros(64, 5), mask, 1.0, 1.0)[0]
+        if rewarded:
+            assert torch.allclose(whitened, (raw - raw.mean()) / raw.std(), atol=1e-4)
+        advantages, metrics, skip = guard_advantages(final, whitened, mask, ppo)
+        assert (skip is not None) == skipped and metrics["stats/update_skipped"] == float(skipped), rewarded
+        assert float(advantages.abs().max()) <= 4.0
+    # One rewarded response in 64: whitening alone gives it ~7.9 on every token.
+    one = torch.zeros(64)
+    one[0] = 1.0
+    whitened = SOLUTION.compute_gae_advantages(one, torch.zeros(64, 5), torch.zeros(64, 5), mask, 1.0, 1.0)[0]
+    assert 7.8 < float(whitened[0, 0]) < 8.0
+    assert guard_advantages(one, whitened, mask, ppo)[1]["stats/advantage_clipfrac"] == pytest.approx(1 / 64)
+    unguarded = load_config(None).ppo  # the defaults guard nothing: the synthetic task as measured
+    assert guard_advantages(torch.zeros(64), whitened, mask, unguarded)[2] is None
+    assert torch.equal(guard_advantages(one, whitened, mask, unguarded)[0], whitened)
+
+
+def test_a_run_whose_updates_are_all_skipped_leaves_the_policy_as_it_was(tmp_path):
+    result = train(tiny_cfg(tmp_path, "ppo.min_reward_std=100", "train.steps=2"), SOLUTION)
+    assert [m["stats/update_skipped"] for m in result.metrics] == [1.0, 1.0]
+    assert not any(k.startswith("loss/") for m in result.metrics for k in m)
+    cfg = tiny_cfg(tmp_path)
+    fresh, _ = build_models(cfg.model, load_tokenizer(cfg.model), seed=0, device=torch.device("cpu"))
+    saved = torch.load(result.output_dir / "checkpoint.pt", weights_only=False)["policy"]
+    assert all(torch.equal(saved[k], v) for k, v in fresh.state_dict().items())
+
+
 def test_kl_controller_fixed_and_adaptive():
     fixed = KLController(load_config(None, ["kl.coeff=0.1"]).kl)
     fixed.update(100.0, 64)
@@ -198,6 +274,13 @@ def test_a_short_run_writes_everything(tmp_path):
     assert {"rollout/reward_mean", "loss/policy", "loss/value", "stats/approx_kl", "stats/grad_norm",
             "rollout/kl", "time/rollout"} <= keys
     assert all(k == "step" or "/" in k for k in keys)
+    records = read_jsonl(out / "eval_samples" / "step_3.jsonl")
+    assert len(records) == 8 and all(set(r) == {"question", "reference", "response", "answer", "correct", "marker",
+                                                "length", "finished"} for r in records)
+    assert result.evals[-1]["eval/correct"] == sum(r["correct"] for r in records)
+    runs = json.loads((out / "run.json").read_text())
+    assert [r["status"] for r in runs] == ["finished"] and runs[0]["step"] == 3 and result.status == FINISHED
+    assert runs[0]["seconds"] >= runs[0]["train_seconds"] + runs[0]["eval_seconds"] > 0
     with pytest.raises(RunDirError, match="--resume"):
         train(tiny_cfg(tmp_path), SOLUTION)
 
@@ -232,6 +315,85 @@ def test_resume_continues_a_killed_run_exactly(tmp_path):
         assert a["rollout/reward_mean"] == b["rollout/reward_mean"]
         assert a["loss/total"] == pytest.approx(b["loss/total"], abs=1e-6)
     assert [e["eval/accuracy"] for e in straight.evals] == [e["eval/accuracy"] for e in resumed.evals]
+    statuses = [r["status"] for r in json.loads((cfg_dir(cfg) / "run.json").read_text())]
+    assert statuses == ["running", "finished"]  # the killed invocation never ended
+
+
+def cfg_dir(cfg):
+    return Path(cfg.train.output_dir)
+
+
+def test_time_limit_stops_cleanly_and_resume_matches_an_uninterrupted_run(tmp_path):
+    """time_limit_s=0 stops after every PPO step and every evaluation batch (3 of 8 problems),
+    including the evaluations before and after training; resuming each time until the run
+    finishes gives what an uninterrupted run gives, evaluation records included."""
+    extra = ("train.steps=3", "eval.batch_size=3")
+    straight = train(tiny_cfg(tmp_path / "a", *extra), SOLUTION)
+    cfg = tiny_cfg(tmp_path / "b", *extra, "train.time_limit_s=0")
+    results = [train(cfg, SOLUTION)]
+    while results[-1].status == TIME_LIMIT and len(results) < 20:
+        results.append(train(cfg, SOLUTION, resume=True))
+    assert [r.status for r in results[:-1]] == [TIME_LIMIT] * (len(results) - 1) and results[-1].status == FINISHED
+    # 3 eval batches before, 3 steps, 3 eval batches after: each call ends after one of them.
+    assert [r.step for r in results] == [0, 0, 1, 2, 3, 3, 3]
+    resumed = results[-1]
+    assert [m["step"] for m in resumed.metrics] == [1, 2, 3]
+    for a, b in zip(straight.metrics, resumed.metrics):
+        assert a["rollout/reward_mean"] == b["rollout/reward_mean"] and a["rollout/kl"] == pytest.approx(b["rollout/kl"], abs=1e-6)
+        assert a["loss/total"] == pytest.approx(b["loss/total"], abs=1e-6)
+    assert [{k: v for k, v in e.items()} for e in straight.evals] == resumed.evals
+    for step in (0, 3):
+        name = f"eval_samples/step_{step}.jsonl"
+        assert read_jsonl(straight.output_dir / name) == read_jsonl(resumed.output_dir / name)
+    runs = json.loads((resumed.output_dir / "run.json").read_text())
+    assert [r["status"] for r in runs] == [TIME_LIMIT] * 6 + [FINISHED] and all("seconds" in r for r in runs)
+
+
+def test_a_crash_in_the_last_evaluation_costs_no_training(tmp_path, monkeypatch):
+    """The last step saves before it evaluates: after, say, an out-of-memory error in the final
+    evaluation, --resume only evaluates."""
+    from assignment.trainer import loop
+
+    real = loop.evaluate_batches
+
+    def out_of_memory_after_training(policy, tokenizer, problems, cfg):
+        if (Path(cfg.train.output_dir) / "metrics.jsonl").read_text().count("\n") == cfg.train.steps:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(policy, tokenizer, problems, cfg)
+
+    cfg = tiny_cfg(tmp_path)
+    monkeypatch.setattr(loop, "evaluate_batches", out_of_memory_after_training)
+    with pytest.raises(torch.OutOfMemoryError):
+        train(cfg, SOLUTION)
+    monkeypatch.setattr(loop, "evaluate_batches", real)
+    resumed = train(cfg, SOLUTION, resume=True)
+    assert [m["step"] for m in resumed.metrics] == [1, 2, 3] and [e["step"] for e in resumed.evals] == [0, 3]
+    assert json.loads((cfg_dir(cfg) / "run.json").read_text())[-1].get("train_seconds") is None  # no step re-run
+
+
+def test_cli_time_limit_exits_0_and_says_how_to_resume(capsys, tmp_path):
+    run = tmp_path / "run"
+    argv = ["--impl", str(REFERENCE), *TINY, f"train.output_dir={run}", "train.time_limit_s=0", "eval.size=0"]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "status: time_limit: stopped after step 1" in out and f"ppo-train --resume {run}" in out
+    assert cli.main(["--resume", str(run), "train.time_limit_s=null"]) == 0
+    assert "status: finished (3 PPO steps)" in capsys.readouterr().out
+
+
+def test_prompt_template_keeps_braces_other_than_the_question():
+    data = DataConfig(prompt_template="{question} Put it in \\boxed{}.")
+    assert render_prompts(load_tokenizer(load_config().model), ["What is 1 + 2?"], data) == [
+        "<|user|>What is 1 + 2? Put it in \\boxed{}.<|assistant|>"]
+
+
+def test_static_cache_generates_what_the_dynamic_cache_generates(rollout_setup):
+    cfg, tok, policy, rollout = rollout_setup
+    prompts = render_prompts(tok, ["What is 1 + 2?", "What is 40 + 4?"], cfg.data)
+    static = load_config(None, TINY + ["rollout.max_new_tokens=6", "rollout.cache_implementation=static"]).rollout
+    dynamic = load_config(None, TINY + ["rollout.max_new_tokens=6"]).rollout
+    assert torch.equal(sample(policy, tok, prompts, static, greedy=True).response_ids,
+                       sample(policy, tok, prompts, dynamic, greedy=True).response_ids)
 
 
 # --- CLI errors -----------------------------------------------------------------------------

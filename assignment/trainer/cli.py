@@ -3,12 +3,14 @@
     ppo-train --config configs/cpu_synthetic.yaml                   # the student's exercises
     ppo-train --config configs/cpu_synthetic.yaml --impl other/exercises.py  # any exercises file
     ppo-train --config configs/gsm8k_smollm2.yaml ppo.lr=1e-6 train.steps=10
-    ppo-train --resume runs/cpu_synthetic                           # continue a killed run
-    ppo-train --report runs/gsm8k_smollm2 --report-out gsm8k_report.md
+    ppo-train --resume runs/cpu_synthetic                           # continue a killed or time-limited run
+    ppo-train --config configs/gsm8k_qwen_coder.yaml train.time_limit_s=450   # stop cleanly, resume later
+    ppo-train --report runs/gsm8k_qwen_coder --report-out path/to/report.md --staging-seconds 120
 
 Problems the user can fix (a bad config key, malformed data, a missing model file, a
 submission that does not import, an exercise not yet written) are printed as one message,
-without a traceback, and exit with status 2. ``python -m assignment.trainer`` is the same command.
+without a traceback, and exit with status 2. A run stopped by ``train.time_limit_s`` exits 0 and
+prints the command that continues it. ``python -m assignment.trainer`` is the same command.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from assignment.trainer.config import ConfigError, load_config
 from assignment.trainer.data import DataError
 from assignment.trainer.impl import ImplError, load_impl
 from assignment.trainer.loading import ModelError
-from assignment.trainer.loop import RunDirError, RunResult, train
+from assignment.trainer.loop import TIME_LIMIT, RunDirError, RunResult, train
 from assignment.trainer.runlog import REWARD_WINDOW
 
 USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError)
@@ -38,7 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint, "
                         "with the config saved there (overrides still apply)")
     parser.add_argument("--report", metavar="RUN_DIR", help="write a Markdown report of a finished run and exit")
-    parser.add_argument("--report-out", metavar="PATH", help="where --report writes (default: RUN_DIR/report.md)")
+    parser.add_argument("--report-out", metavar="PATH", help="where --report writes (default: RUN_DIR/report.md); "
+                        "the run's files go to the folder of the same name without .md")
+    parser.add_argument("--staging-seconds", type=float, metavar="S",
+                        help="with --report: device time spent staging the model and data (measured outside the run)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. ppo.lr=1e-5")
     return parser
 
@@ -66,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.report:
             from assignment.trainer.report import write_report
 
-            path = write_report(Path(args.report), Path(args.report_out) if args.report_out else None)
+            path = write_report(Path(args.report), Path(args.report_out) if args.report_out else None,
+                                args.staging_seconds)
             print(f"wrote {path}")
             return 0
         if args.resume:
@@ -92,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def print_summary(result: RunResult) -> None:
+    if result.status == TIME_LIMIT:
+        print(f"status: time_limit: stopped after step {result.step} ({result.seconds:.0f} s), checkpoint saved; "
+              f"continue with: ppo-train --resume {result.output_dir}")
+        return
+    print(f"status: finished ({len(result.metrics)} PPO steps)")
     rewards = result.rewards()
     window = min(REWARD_WINDOW, len(rewards))
     print(f"done in {result.seconds:.0f} s: {result.output_dir}")
@@ -99,8 +110,8 @@ def print_summary(result: RunResult) -> None:
           f"last {window} steps {sum(rewards[-window:]) / window:.3f}")
     if result.evals:
         first, last = result.evals[0], result.evals[-1]
-        print(f"eval strict accuracy {first['eval/accuracy']:.3f} -> {last['eval/accuracy']:.3f}, "
-              f"format rate {first['eval/format_rate']:.3f} -> {last['eval/format_rate']:.3f}")
+        print(f"eval accuracy {first['eval/accuracy']:.3f} -> {last['eval/accuracy']:.3f}, "
+              f"answer rate {first['eval/format_rate']:.3f} -> {last['eval/format_rate']:.3f}")
     print(f"reward curve: {result.output_dir / 'reward_curve.png'}")
 
 

@@ -61,7 +61,8 @@ class DataConfig:
     max_train: Optional[int] = None
     # System message for chat templates (None: the template's own default).
     system_prompt: Optional[str] = None
-    # The user message; {question} is replaced by the problem text.
+    # The user message; {question} is replaced by the problem text (other braces stay as they
+    # are, so a template may ask for \boxed{} without escaping).
     prompt_template: str = "{question}"
     # Synthetic task: operands are drawn from [0, max_operand], operators from ``operators``.
     # Training problems are generated afresh every step; the test set is a fixed sample.
@@ -82,9 +83,13 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RewardConfig:
-    # Reward of a response whose '#### <number>' equals the reference answer.
+    # Where the answer is read (assignment/trainer/reward.py): last_of_both, the last
+    # '#### <number>' or '\boxed{<number>}' of the response; strict, '#### <number>' only.
+    # Greedy evaluation reads answers the same way.
+    answer_format: str = "last_of_both"
+    # Reward of a response whose answer equals the reference answer.
     correct: float = 1.0
-    # Bonus for a well-formed '#### <number>' line, paid only under ``format_bonus_when``.
+    # Bonus for a well-formed answer, paid only under ``format_bonus_when``.
     format_bonus: float = 0.1
     # always: any well-formed answer (the measured pitfall on GSM8K: PPO learns to skip the
     #   reasoning and answer '#### 5' at once); reasoning: only after >= min_reasoning_words
@@ -113,6 +118,10 @@ class RolloutConfig:
     top_k: int = 0
     # Forward passes over the rollout run in chunks of this many sequences (memory bound).
     forward_batch_size: int = 64
+    # KV cache of ``generate`` (rollout and evaluation): null, transformers' default dynamic cache;
+    # "static", a preallocated cache (GenerationConfig.cache_implementation). Never compiled
+    # (disable_compile): the compiled path cannot be tested on a CPU. Off by default.
+    cache_implementation: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -129,9 +138,11 @@ class PPOConfig:
     # The synthetic policy starts uniform and collapses within ~20 steps without a bonus.
     entropy_coeff: float = 0.02
     max_grad_norm: float = 1.0
+    # gamma = lam = 1 (Monte Carlo returns) for a single terminal reward, as verl's GSM8K
+    # examples: the critic starts at zero and knows nothing, so bootstrapping from it only adds
+    # bias. Measured on Qwen2.5-Coder-0.5B: a run with lam 0.95 (and a format bonus) lost
+    # accuracy (25.0% -> 16.2% in 36 steps), one with lam 1.0 (no bonus, lr 2e-6) gained.
     gamma: float = 1.0
-    # 1.0 (Monte Carlo) for the synthetic task: its critic starts at zero and knows nothing,
-    # so bootstrapping from it only adds bias. Real-model configs use 0.95.
     lam: float = 1.0
     # For the tiny random-init model: at 400 steps, 5e-4 reached 91% / 97% / 47% greedy accuracy
     # on seeds 0 / 1 / 2, 1e-3 65% / 27% / 22%; 2e-3 collapsed onto one answer. Real models want
@@ -141,13 +152,26 @@ class PPOConfig:
     # Any name transformers.get_scheduler knows: constant, constant_with_warmup, linear, cosine, ...
     lr_scheduler: str = "constant_with_warmup"
     warmup_steps: int = 0
+    # Early stop of a PPO step's update (the Stable-Baselines3 / CleanRL convention): once a
+    # minibatch reports approx_kl > 1.5 * target_kl, the remaining minibatches and epochs of
+    # this step are skipped and an unfinished accumulation cycle is discarded (null: never).
+    target_kl: Optional[float] = None
+    # Skip the whole update of a step whose final rewards have a sample std below this (0: never).
+    # Whitening turns one rewarded sample in 64 into advantages of ~8 on its tokens (see
+    # ppo.guard_advantages), and a batch with no reward spread into whitened noise.
+    min_reward_std: float = 0.0
+    # Clip the whitened advantages to [-advantage_clip, advantage_clip] (null: no clip).
+    advantage_clip: Optional[float] = None
 
 
 @dataclass(frozen=True)
 class KLConfig:
     # Initial coefficient of the k1 penalty kl_coeff * (logprobs_old - ref_logprobs) per token.
     coeff: float = 0.0
-    # Ziegler et al. (2019) adaptive controller: steer the per-sequence KL towards ``target``.
+    # Ziegler et al. (2019) adaptive controller: steer the mean per-sequence KL to the reference
+    # (``rollout/kl``, nats) towards ``target``. After each step the coefficient is multiplied by
+    # 1 + clip(kl / target - 1, -0.2, 0.2) * batch_size / horizon (as TRL and OpenRLHF), so one
+    # step moves it by at most 0.2 * batch_size / horizon: pick the horizon for the run's length.
     adaptive: bool = False
     target: float = 6.0
     horizon: int = 10000
@@ -155,8 +179,10 @@ class KLConfig:
 
 @dataclass(frozen=True)
 class EvalConfig:
-    # Greedy strict accuracy on this many test problems: before training, every ``every`` PPO
-    # steps (0: never in between) and at the end.
+    # Greedy accuracy (the reward's answer extraction) on the first ``size`` test problems:
+    # before training, every ``every`` PPO steps (0: never in between) and at the end. Each
+    # batch's records are written as it finishes, so an evaluation cut by train.time_limit_s
+    # continues on --resume where it stopped.
     size: int = 200
     every: int = 0
     batch_size: int = 64
@@ -172,6 +198,11 @@ class TrainConfig:
     output_dir: str = "runs/cpu_synthetic"
     # Save a checkpoint every this many steps (0: only at the end); only the latest is kept.
     checkpoint_every: int = 0
+    # Stop cleanly once this many seconds have passed since the trainer started (model loading
+    # included): after the PPO step or evaluation batch that crosses it, save a checkpoint, print
+    # how to resume, and return with status "time_limit" (the CLI exits 0). Null: no limit. For
+    # device calls with a hard limit: leave room for one step or eval batch and a checkpoint.
+    time_limit_s: Optional[float] = None
     # Print and log this many sample generations every ``sample_every`` steps.
     sample_every: int = 25
     num_samples: int = 2
@@ -180,6 +211,9 @@ class TrainConfig:
     wandb_project: str = "ppo-llm-course"
     # Show tqdm progress bars.
     progress: bool = True
+    # Print one line of the main metrics every this many PPO steps, and one per evaluation batch
+    # (0: never): for logs without a terminal, where progress bars are noise.
+    log_every: int = 0
     # torch CPU threads during the run (None: torch's default, one per core). A tiny model
     # runs fastest on one thread: more threads only add synchronisation, and on a busy
     # machine they spin (measured: the learning check takes 64 s on 1 thread, >8 min on 2
@@ -246,6 +280,10 @@ def _validate(cfg: Config) -> None:
     need(cfg.reward.format_bonus_when in ("always", "reasoning", "correct"),
          f"reward.format_bonus_when must be always, reasoning or correct, got '{cfg.reward.format_bonus_when}'")
     need(cfg.reward.min_reasoning_words >= 0, "reward.min_reasoning_words must be >= 0")
+    need(cfg.reward.answer_format in ("last_of_both", "strict"),
+         f"reward.answer_format must be last_of_both or strict, got '{cfg.reward.answer_format}'")
+    need(rollout.cache_implementation in (None, "dynamic", "static"),
+         f"rollout.cache_implementation must be null, dynamic or static, got '{rollout.cache_implementation}'")
     need(rollout.batch_size >= 2, "rollout.batch_size must be >= 2 (advantages are whitened over the batch)")
     need(rollout.max_new_tokens >= 1 and rollout.max_prompt_tokens >= 1, "rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
     need(rollout.temperature > 0, f"rollout.temperature must be > 0, got {rollout.temperature}")
@@ -263,13 +301,19 @@ def _validate(cfg: Config) -> None:
     need(ppo.max_grad_norm > 0, "ppo.max_grad_norm must be > 0")
     need(0 <= ppo.gamma <= 1 and 0 <= ppo.lam <= 1, "ppo.gamma and ppo.lam must be in [0, 1]")
     need(ppo.vf_coeff >= 0 and ppo.weight_decay >= 0 and ppo.warmup_steps >= 0, "ppo.vf_coeff, ppo.weight_decay and ppo.warmup_steps must be >= 0")
+    need(ppo.target_kl is None or ppo.target_kl > 0, "ppo.target_kl must be null or > 0")
+    need(ppo.min_reward_std >= 0, "ppo.min_reward_std must be >= 0")
+    need(ppo.advantage_clip is None or ppo.advantage_clip > 0, "ppo.advantage_clip must be null or > 0")
     need(cfg.kl.coeff >= 0, f"kl.coeff must be >= 0, got {cfg.kl.coeff}")
     need(cfg.kl.target > 0 and cfg.kl.horizon > 0, "kl.target and kl.horizon must be > 0")
+    # The controller multiplies the coefficient: from 0 it would stay 0 for ever.
+    need(not cfg.kl.adaptive or cfg.kl.coeff > 0, "kl.adaptive needs kl.coeff > 0 (the controller scales it)")
     need(cfg.eval.size >= 0 and cfg.eval.every >= 0 and cfg.eval.batch_size >= 1, "eval.size and eval.every must be >= 0, eval.batch_size >= 1")
     need(cfg.train.steps >= 1, "train.steps must be >= 1")
     need(cfg.train.cpu_threads is None or cfg.train.cpu_threads >= 1, "train.cpu_threads must be null or >= 1")
-    need(cfg.train.checkpoint_every >= 0 and cfg.train.sample_every >= 0 and cfg.train.num_samples >= 0,
-         "train.checkpoint_every, train.sample_every and train.num_samples must be >= 0")
+    need(cfg.train.time_limit_s is None or cfg.train.time_limit_s >= 0, "train.time_limit_s must be null or >= 0")
+    need(min(cfg.train.checkpoint_every, cfg.train.sample_every, cfg.train.num_samples, cfg.train.log_every) >= 0,
+         "train.checkpoint_every, train.sample_every, train.num_samples and train.log_every must be >= 0")
     if problems:
         raise ConfigError("invalid config:\n  " + "\n  ".join(problems))
 

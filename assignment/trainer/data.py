@@ -2,9 +2,9 @@
 
 Both come as GSM8K records ``{"question", "answer"}`` where the answer ends with
 ``#### <number>``; ``Problem`` keeps the question and the normalised reference number.
-A local folder holds OpenAI's original ``train.jsonl`` and ``test.jsonl``. Every line is
-checked before ``datasets``' json loader reads the files, so a malformed line is reported by
-file and line number instead of as a pyarrow traceback.
+A local folder holds OpenAI's original ``train.jsonl`` and ``test.jsonl``, read line by line
+with the standard library (no ``datasets``, no cache folder): a malformed line is reported by
+file and line number. The hub is read with ``datasets``.
 """
 
 from __future__ import annotations
@@ -28,18 +28,18 @@ class DataError(ValueError):
 @dataclass(frozen=True)
 class Problem:
     question: str
-    # The normalised reference answer, as ``assignment.trainer.reward.extract_answer`` returns it.
+    # The normalised reference answer: the number of the gold solution's '#### <number>' line.
     answer: str
 
 
-def check_jsonl(path: Path) -> int:
-    """Check that every non-blank line of ``path`` is a GSM8K record; return their number.
+def read_jsonl_records(path: Path) -> list[dict]:
+    """Every non-blank line of ``path``, checked to be a GSM8K record.
 
     Raises DataError naming the file and the 1-based line number of the first bad line.
     """
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
-    count = 0
+    records = []
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -50,33 +50,39 @@ def check_jsonl(path: Path) -> int:
                 raise DataError(f"{path}:{number}: not valid JSON ({err.msg})") from None
             if not isinstance(record, dict) or not all(isinstance(record.get(k), str) for k in ("question", "answer")):
                 raise DataError(f"{path}:{number}: expected an object with string fields 'question' and 'answer'")
-            if extract_answer(record["answer"]) is None:
+            if reference_answer(record["answer"]) is None:
                 raise DataError(f"{path}:{number}: the answer has no '#### <number>' line")
-            count += 1
-    if count == 0:
+            records.append(record)
+    if not records:
         raise DataError(f"{path}: no records")
-    return count
+    return records
+
+
+def check_jsonl(path: Path) -> int:
+    """Check that every non-blank line of ``path`` is a GSM8K record; return their number."""
+    return len(read_jsonl_records(path))
+
+
+def reference_answer(solution: str) -> str | None:
+    """The gold answer of a GSM8K solution: its '#### <number>' line (never a boxed number)."""
+    return extract_answer(solution, "strict")
 
 
 def _to_problems(records) -> list[Problem]:
-    return [Problem(r["question"], extract_answer(r["answer"])) for r in records]
+    return [Problem(r["question"], reference_answer(r["answer"])) for r in records]
 
 
 def load_gsm8k(cfg: DataConfig) -> dict[str, list[Problem]]:
     """GSM8K's train and test problems, from ``cfg.local_dir`` when set, else from the hub."""
-    import datasets  # slow to import; only GSM8K runs need it
-
     if cfg.local_dir:
-        files = {split: Path(cfg.local_dir) / f"{split}.jsonl" for split in SPLITS}
-        for path in files.values():
-            check_jsonl(path)
-        ds = datasets.load_dataset("json", data_files={k: str(v) for k, v in files.items()})
-    else:
-        try:
-            ds = datasets.load_dataset(cfg.hub_id, cfg.hub_config)
-        except Exception as err:  # network, auth and missing-dataset errors have many types
-            raise DataError(f"cannot load {cfg.hub_id} ({cfg.hub_config}) from the hub: {err}; "
-                            "set data.local_dir to a folder with train.jsonl and test.jsonl") from None
+        return {split: _to_problems(read_jsonl_records(Path(cfg.local_dir) / f"{split}.jsonl")) for split in SPLITS}
+    import datasets  # slow to import; only hub runs need it
+
+    try:
+        ds = datasets.load_dataset(cfg.hub_id, cfg.hub_config)
+    except Exception as err:  # network, auth and missing-dataset errors have many types
+        raise DataError(f"cannot load {cfg.hub_id} ({cfg.hub_config}) from the hub: {err}; "
+                        "set data.local_dir to a folder with train.jsonl and test.jsonl") from None
     return {split: _to_problems(ds[split]) for split in SPLITS}
 
 

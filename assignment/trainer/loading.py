@@ -1,6 +1,8 @@
 """Load the tokenizer, the policy (LM + value head) and the frozen reference model.
 
-A model is a hub id, a local folder, or a GGUF file inside a folder (``model.gguf_file``):
+A model is a Hugging Face hub id (``model.name=Qwen/Qwen2.5-0.5B-Instruct``, downloaded and cached
+by transformers), a local folder in the same layout, or a GGUF file (``model.gguf_file``: a file
+name inside the folder ``model.name``, or a path of its own, which then stands alone):
 transformers dequantizes GGUF weights into a plain model but still marks it as quantized
 (``hf_quantizer``, ``is_quantized``, ``config.quantization_config``). Those flags would make
 transformers refuse dtype casts and training, and make ``save_pretrained`` write a GGUF
@@ -34,15 +36,15 @@ def _source(cfg: ModelConfig) -> tuple[str, dict]:
     """The path or hub id to load from, and the extra from_pretrained kwargs (GGUF)."""
     if cfg.gguf_file is None:
         return cfg.name, {}
-    folder = Path(cfg.name)
-    if not (folder / cfg.gguf_file).is_file():
-        raise ModelError(f"GGUF model file not found: {folder / cfg.gguf_file} "
-                         "(model.name is its folder, model.gguf_file the file name)")
+    path = Path(cfg.name) / cfg.gguf_file  # an absolute gguf_file ignores the folder
+    if not path.is_file():
+        raise ModelError(f"GGUF model file not found: {path} "
+                         "(model.name is its folder, model.gguf_file the file name or its path)")
     try:  # transformers reads GGUF files with it; say so here rather than deep inside from_pretrained
         import gguf  # noqa: F401
     except ImportError:
         raise ModelError("model.gguf_file needs the gguf package: pip install gguf") from None
-    return str(folder), {"gguf_file": cfg.gguf_file}
+    return str(path.parent), {"gguf_file": path.name}
 
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:

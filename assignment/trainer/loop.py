@@ -10,18 +10,23 @@ TinyZero/verl; laid out in one block as in CleanRL's ``ppo.py``):
     1. sample B prompts, generate one response each (``rollout``)
     2. score each response (``reward``) -> final_rewards (B,)
     3. k1 KL penalty per token against the frozen reference -> kl_penalties (B, T)
-    4. impl.compute_gae_advantages -> advantages, returns (B, T)
-    5. epochs x shuffled minibatches of impl.ppo_minibatch_update (``ppo.ppo_update``)
+    4. impl.compute_gae_advantages -> advantages, returns (B, T); the trainer's guard clips them
+       or skips the update when the rewards carry no signal (``ppo.guard_advantages``)
+    5. epochs x shuffled minibatches of impl.ppo_minibatch_update (``ppo.ppo_update``), stopped
+       early when approx_kl passes the ``ppo.target_kl`` bound
 
-Around it: ``setup_run`` builds what the steps share (a ``Run``), and ``_train`` is the
-schedule: an evaluation before the first step; samples, evaluations and checkpoints between
-steps when they are due; the last evaluation and checkpoint after the last step.
+Around it: ``setup_run`` builds what the steps share (a ``Run``), and ``run_steps`` is the
+schedule: an evaluation before the first step; samples, checkpoints and evaluations between
+steps when they are due; the last checkpoint and evaluation after the last step. With
+``train.time_limit_s``, the run stops cleanly after the step or evaluation batch that crosses the
+limit (``TimeUp``), saves a checkpoint and returns with status "time_limit"; ``--resume``
+continues it exactly, an interrupted evaluation included.
 """
 
 from __future__ import annotations
 
-import json
 import random
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,31 +42,16 @@ from assignment.model import PolicyWithValueHead
 from assignment.trainer import checkpoint
 from assignment.trainer.config import Config, RewardConfig, to_yaml
 from assignment.trainer.data import Curriculum, Problem, load_problems, training_batch
-from assignment.trainer.evaluate import evaluate
+from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.loading import build_models, load_tokenizer
-from assignment.trainer.ppo import KLController, kl_penalties, ppo_update, sequence_kl
+from assignment.trainer.ppo import (KLController, early_stop_bound, guard_advantages, kl_penalties, ppo_update,
+                                   sequence_kl)
 from assignment.trainer.reward import Score, score
 from assignment.trainer.rollout import Rollout, Sample, collect, render_prompts
-from assignment.trainer.runlog import EVALS, METRICS, SAMPLES, RunLogger, plot_run, read_jsonl
+from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, SAMPLES, Progress, RunLogger, eval_records_path,
+                                       plot_run, read_jsonl)
 
-
-def record_run(out: Path, command: str | None, resume: bool, seconds: float | None = None) -> None:
-    """Append this invocation (command, host, device, library versions) to ``run.json``; with
-    ``seconds``, record instead the wall time of the invocation appended last."""
-    path = out / "run.json"
-    runs = json.loads(path.read_text()) if path.is_file() else []
-    if seconds is not None:
-        runs[-1]["seconds"] = seconds
-        path.write_text(json.dumps(runs, indent=1))
-        return
-    import platform
-
-    import transformers
-
-    info = {"command": command, "resume": resume, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-            "host": platform.node(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"}
-    path.write_text(json.dumps(runs + [info], indent=1))
+FINISHED, TIME_LIMIT = "finished", "time_limit"
 
 
 class RunDirError(FileExistsError):
@@ -79,10 +69,35 @@ class RunResult:
     evals: list[dict[str, float]]
     seconds: float
     samples: list[dict[str, Any]] = field(default_factory=list)
+    # "finished", or "time_limit": stopped by train.time_limit_s after ``step``; continue with --resume.
+    status: str = FINISHED
+    step: int = 0  # the last finished PPO step
 
     def rewards(self) -> list[float]:
         """The training reward (batch mean) of every step, in order."""
         return [m["rollout/reward_mean"] for m in self.metrics]
+
+
+class TimeUp(Exception):
+    """train.time_limit_s has passed; ``step`` is the last finished PPO step."""
+
+    def __init__(self, step: int):
+        super().__init__(f"time limit reached after step {step}")
+        self.step = step
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When the run must stop (``time.time()`` seconds), or None for never."""
+
+    at: float | None = None
+
+    @classmethod
+    def after(cls, seconds: float | None, start: float) -> "Deadline":
+        return cls(None if seconds is None else start + seconds)
+
+    def passed(self) -> bool:
+        return self.at is not None and time.time() >= self.at
 
 
 def resolve_device(name: str) -> torch.device:
@@ -138,24 +153,31 @@ class Run:
     curriculum: Curriculum
     logger: RunLogger
     start_step: int  # 0, or the step of the checkpoint that a resumed run continues from
+    progress: Progress  # this invocation's times in run.json
+    deadline: Deadline
+    saved_step: int | None = None  # the step of the checkpoint on disk (None: none yet)
 
 
-def open_run_dir(cfg: Config, resume: bool, command: str | None) -> Path:
-    """Create the run directory and record the effective config and this invocation in it.
+def open_run_dir(cfg: Config, resume: bool) -> Path:
+    """Create the run directory and record the effective config in it.
 
-    Raises RunDirError if a fresh run would overwrite one.
+    Raises RunDirError if a fresh run would overwrite one. A fresh run drops the evaluation logs
+    of an attempt killed before its first checkpoint, so that none of them counts as its own.
     """
     out = Path(cfg.train.output_dir)
     if not resume and ((out / METRICS).exists() or (out / checkpoint.FILENAME).exists()):
         raise RunDirError(f"{out} already holds a run: continue it with --resume {out}, "
                           "or choose another train.output_dir")
     out.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        for name in (EVALS, SAMPLES):
+            (out / name).unlink(missing_ok=True)
+        shutil.rmtree(out / EVAL_RECORDS, ignore_errors=True)
     (out / "config.yaml").write_text(to_yaml(cfg))
-    record_run(out, command, resume)
     return out
 
 
-def setup_run(cfg: Config, out: Path, resume: bool) -> Run:
+def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline: Deadline) -> Run:
     """Seed, then build the models, data, optimizer, scheduler and small states of a run; when
     resuming, load them and every RNG state from the checkpoint in ``out``."""
     device = resolve_device(cfg.train.device)
@@ -173,7 +195,7 @@ def setup_run(cfg: Config, out: Path, resume: bool) -> Run:
     kl_ctl, curriculum = KLController(cfg.kl), Curriculum(cfg.data)
     start_step = restore(out, device, policy, optimizer, scheduler, kl_ctl, curriculum) if resume else 0
     return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,
-               RunLogger(out, cfg, start_step), start_step)
+               RunLogger(out, cfg, start_step), start_step, progress, deadline, start_step if resume else None)
 
 
 def restore(out: Path, device: torch.device, policy: PolicyWithValueHead, optimizer: torch.optim.Optimizer,
@@ -195,6 +217,7 @@ def save(run: Run, step: int) -> None:
     """Checkpoint ``run`` as of ``step``: what ``restore`` loads."""
     extra = {"kl": run.kl_ctl.state_dict(), "curriculum": run.curriculum.state_dict()}
     checkpoint.save(run.out, step, run.policy, run.optimizer, run.scheduler, extra)
+    run.saved_step = step
 
 
 # --- one PPO step ----------------------------------------------------------------------------
@@ -217,17 +240,15 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     final_rewards = torch.tensor([scored.reward for scored in scores], dtype=torch.float32, device=run.device)
     # 3. Per-token k1 KL penalty against the frozen reference -> (B, T).
     penalties = kl_penalties(rollout.logprobs, rollout.ref_logprobs, response_mask, run.kl_ctl.value)
-    # 4. Advantages and returns (exercise 4) -> (B, T) each.
+    # 4. Advantages and returns (exercise 4) -> (B, T) each; then the guard: clip, or skip the update.
     advantages, returns = impl.compute_gae_advantages(final_rewards, penalties, rollout.values, response_mask,
                                                       cfg.ppo.gamma, cfg.ppo.lam)
+    advantages, guard_metrics, skip = guard_advantages(final_rewards, advantages, response_mask, cfg.ppo)
     rollout_done = time.time()
-    # 5. Epochs x shuffled minibatches of exercise 5, shuffled by a generator of this step's own.
-    batch = rollout.update_batch(advantages, returns)
-    generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step)
-    with tqdm(total=minibatches_per_step(cfg), desc="update", leave=False, disable=not cfg.train.progress) as bar:
-        update_metrics = ppo_update(impl, run.policy, run.optimizer, run.scheduler, batch, cfg, generator, bar)
-    metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **update_metrics,
-               "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done}
+    # 5. Epochs x shuffled minibatches of exercise 5 (none if the guard said skip).
+    update_metrics = update(run, cfg, impl, step, rollout.update_batch(advantages, returns), skip)
+    metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **guard_metrics,
+               **update_metrics, "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done}
     # After the batch: steer the KL coefficient; widen the synthetic operands once they are learned.
     run.kl_ctl.update(metrics["rollout/kl"], cfg.rollout.batch_size)
     if cfg.data.task == "synthetic":
@@ -236,6 +257,22 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     samples = [{"question": problem.question, "response": text, "reference": problem.answer,
                 "reward": scored.reward} for problem, text, scored in zip(problems, texts, scores)]
     return metrics, samples[: cfg.train.num_samples]
+
+
+def update(run: Run, cfg: Config, impl: ModuleType, step: int, batch: dict[str, Any], skip: str | None) -> dict[str, float]:
+    """Step 5 on ``batch``, shuffled by a generator of this step's own; nothing when ``skip``
+    gives a reason. Says why an update was skipped or stopped early."""
+    if skip is not None:
+        tqdm.write(f"[step {step}] update skipped: {skip}")
+        return {}
+    generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step)
+    with tqdm(total=minibatches_per_step(cfg), desc="update", leave=False, disable=not cfg.train.progress) as bar:
+        metrics = ppo_update(impl, run.policy, run.optimizer, run.scheduler, batch, cfg, generator, bar)
+    if metrics["stats/early_stop"]:
+        tqdm.write(f"[step {step}] update stopped early after minibatch {int(metrics['stats/minibatches'])} of "
+                   f"{minibatches_per_step(cfg)}: approx_kl {metrics['stats/early_stop_approx_kl']:.4f} > "
+                   f"1.5 * ppo.target_kl = {early_stop_bound(cfg.ppo):.4f}")
+    return metrics
 
 
 def score_responses(texts: list[str], problems: list[Problem], responses: Sample, cfg: RewardConfig) -> list[Score]:
@@ -265,17 +302,38 @@ def rollout_metrics(rollout: Rollout, final_rewards: torch.Tensor, scores: list[
 
 # --- the schedule around the steps -----------------------------------------------------------
 
+def eval_due(cfg: Config, step: int) -> bool:
+    """An evaluation follows ``step``: before training, every ``eval.every`` steps, and at the end."""
+    return step in (0, cfg.train.steps) or bool(cfg.eval.every and step % cfg.eval.every == 0)
+
+
 def run_eval(run: Run, cfg: Config, step: int) -> None:
-    """Greedy evaluation on the first ``eval.size`` test problems, logged as of ``step``."""
+    """Greedy evaluation on the first ``eval.size`` test problems after ``step``: each batch's
+    records are appended to ``eval_samples/step_N.jsonl`` as it finishes, an evaluation that an
+    earlier invocation left unfinished continues after its last batch, and the summary goes to
+    ``eval.jsonl`` once every problem has its record. Raises TimeUp(step) between batches
+    when the time limit has passed."""
     problems = run.problems["test"][: cfg.eval.size]
-    if not problems:
+    if not problems or any(e["step"] == step for e in read_jsonl(run.out / EVALS)):
         return
-    with tqdm(total=len(problems), desc=f"eval (step {step})", leave=False, disable=not cfg.train.progress) as bar:
-        result = evaluate(run.policy, run.tokenizer, problems, cfg, bar)
-        run.logger.log(step, result.metrics(), EVALS)
-        run.logger.eval_records(step, result.records)
-        tqdm.write(f"[eval step {step}] strict accuracy {result.accuracy:.3f}, "
-                   f"format rate {result.format_rate:.3f} on {result.n} problems")
+    records = read_jsonl(eval_records_path(run.out, step))
+    with tqdm(total=len(problems), initial=len(records), desc=f"eval (step {step})", leave=False,
+              disable=not cfg.train.progress) as bar:
+        started = time.time()
+        for batch in evaluate_batches(run.policy, run.tokenizer, problems[len(records):], cfg):
+            run.logger.eval_records(step, batch)
+            records += batch
+            bar.update(len(batch))
+            run.progress.add("eval", time.time() - started)
+            if cfg.train.log_every:
+                tqdm.write(f"[eval step {step}] {len(records)}/{len(problems)} problems, {time.time() - started:.1f} s")
+            started = time.time()
+            if len(records) < len(problems) and run.deadline.passed():
+                raise TimeUp(step)
+    result = summarize(records)
+    run.logger.log(step, result.metrics(), EVALS)
+    tqdm.write(f"[eval step {step}] accuracy {result.accuracy:.3f}, answer rate {result.format_rate:.3f}, "
+               f"response length {result.mean_length:.0f} on {result.n} problems")
 
 
 def log_samples(run: Run, step: int, samples: list[dict[str, Any]]) -> None:
@@ -286,13 +344,50 @@ def log_samples(run: Run, step: int, samples: list[dict[str, Any]]) -> None:
 
 
 def between_steps(run: Run, cfg: Config, step: int, samples: list[dict[str, Any]]) -> None:
-    """After step ``step``: samples, an evaluation and a checkpoint, each when it is due."""
+    """After step ``step``: samples, a checkpoint and an evaluation, each when it is due; the
+    last step always saves, then evaluates. Saving first means that an evaluation which crashes
+    (out of memory, say) or is stopped by the time limit costs no training: ``--resume``
+    continues with the evaluation."""
     if cfg.train.num_samples and cfg.train.sample_every and (step == 1 or step % cfg.train.sample_every == 0):
         log_samples(run, step, samples)
-    if cfg.eval.every and step % cfg.eval.every == 0 and step != cfg.train.steps:
-        run_eval(run, cfg, step)
-    if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+    if step == cfg.train.steps or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
         save(run, step)
+    if eval_due(cfg, step):
+        run_eval(run, cfg, step)
+
+
+def step_line(step: int, metrics: dict[str, float]) -> str:
+    """One line of a step's main metrics, for logs without a terminal."""
+    fields = [("reward", "rollout/reward_mean", ".3f"), ("correct", "rollout/correct_rate", ".3f"),
+              ("len", "rollout/response_length", ".0f"), ("kl", "rollout/kl", ".2f"), ("kl_coeff", "rollout/kl_coeff", ".4f"),
+              ("approx_kl", "stats/approx_kl", ".4f"), ("clipfrac", "stats/policy_clipfrac", ".3f"),
+              ("minibatches", "stats/minibatches", ".0f"), ("rollout_s", "time/rollout", ".1f"), ("update_s", "time/update", ".1f")]
+    return f"[step {step}] " + " ".join(f"{name} {metrics[key]:{spec}}" for name, key, spec in fields if key in metrics)
+
+
+def run_steps(run: Run, cfg: Config, impl: ModuleType, on_step: Callable[[int, dict[str, float]], None] | None) -> None:
+    """The schedule: the evaluation due at the start (before training, or one an earlier
+    invocation left unfinished), then PPO steps with what is due between them. Raises TimeUp
+    after the step that crosses the time limit."""
+    if eval_due(cfg, run.start_step):
+        run_eval(run, cfg, run.start_step)
+    steps = tqdm(range(run.start_step + 1, cfg.train.steps + 1), desc="PPO steps", initial=run.start_step,
+                 total=cfg.train.steps, disable=not cfg.train.progress)
+    for step in steps:
+        started = time.time()
+        metrics, samples = ppo_step(run, cfg, impl, step)
+        run.logger.log(step, metrics)
+        run.progress.add("train", time.time() - started, step)
+        steps.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", correct=f"{metrics['rollout/correct_rate']:.2f}",
+                          len=f"{metrics['rollout/response_length']:.0f}", kl=f"{metrics['rollout/kl']:.1f}")
+        if cfg.train.log_every and step % cfg.train.log_every == 0:
+            tqdm.write(step_line(step, metrics))
+        between_steps(run, cfg, step, samples)
+        if on_step is not None:
+            on_step(step, metrics)
+        if step < cfg.train.steps and run.deadline.passed():
+            raise TimeUp(step)
+    steps.close()
 
 
 def train(cfg: Config, impl: ModuleType, resume: bool = False,
@@ -307,8 +402,10 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
         on_step: called after every PPO step (after its checkpoint) with (step, metrics).
         command: the command line, recorded in ``run.json`` for the report.
 
-    Raises RunDirError if a fresh run would overwrite one, and FileNotFoundError if
-    ``resume`` finds no checkpoint. Exceptions from ``impl`` propagate unchanged.
+    Returns the run's result; its ``status`` is "time_limit" when ``train.time_limit_s`` stopped
+    it (a checkpoint is saved: continue with ``resume=True``). Raises RunDirError if a fresh
+    run would overwrite one, and FileNotFoundError if ``resume`` finds no checkpoint.
+    Exceptions from ``impl`` propagate unchanged.
     """
     threads = torch.get_num_threads()
     if cfg.train.cpu_threads:
@@ -321,31 +418,27 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
 
 def _train(cfg: Config, impl: ModuleType, resume: bool, on_step: Callable[[int, dict[str, float]], None] | None,
            command: str | None) -> RunResult:
-    """The schedule: set up, evaluate, then PPO steps with samples, evaluations and checkpoints
-    between them when due; the last evaluation and checkpoint, the reward curve, the result."""
+    """Set up, run the schedule until it ends or the time limit stops it (then checkpoint), record
+    how the invocation ended, draw the reward curve of a finished run, return the result."""
     started = time.time()
-    out = open_run_dir(cfg, resume, command)
-    run = setup_run(cfg, out, resume)
-    if run.start_step == 0:
-        run_eval(run, cfg, 0)
-    steps = tqdm(range(run.start_step + 1, cfg.train.steps + 1), desc="PPO steps", initial=run.start_step,
-                 total=cfg.train.steps, disable=not cfg.train.progress)
-    for step in steps:
-        metrics, samples = ppo_step(run, cfg, impl, step)
-        run.logger.log(step, metrics)
-        steps.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}",
-                          correct=f"{metrics['rollout/correct_rate']:.2f}",
-                          len=f"{metrics['rollout/response_length']:.0f}")
-        between_steps(run, cfg, step, samples)
-        if on_step is not None:
-            on_step(step, metrics)
-    steps.close()
-
-    if run.start_step < cfg.train.steps:
-        run_eval(run, cfg, cfg.train.steps)
-        save(run, cfg.train.steps)
+    out = open_run_dir(cfg, resume)
+    progress = Progress(out, command, resume)
+    run = setup_run(cfg, out, resume, progress, Deadline.after(cfg.train.time_limit_s, started))
+    status, last_step = FINISHED, cfg.train.steps
+    try:
+        run_steps(run, cfg, impl, on_step)
+    except TimeUp as stop:
+        status, last_step = TIME_LIMIT, stop.step
+        if run.saved_step != stop.step:
+            save(run, stop.step)
+        tqdm.write(f"time limit of {cfg.train.time_limit_s:g} s reached after step {stop.step} of {cfg.train.steps}: "
+                   f"checkpoint saved")
     run.logger.close()
-    plot_run(out)
-    record_run(out, command, resume, seconds=time.time() - started)
+    progress.finish(status)
+    if status == FINISHED:
+        try:
+            plot_run(out)
+        except ImportError as err:  # matplotlib is optional where the run happens; --report draws it later
+            tqdm.write(f"no reward curve: {err}")
     return RunResult(out, read_jsonl(out / METRICS), read_jsonl(out / EVALS), time.time() - started,
-                     read_jsonl(out / SAMPLES))
+                     read_jsonl(out / SAMPLES), status, last_step)

@@ -1,9 +1,20 @@
-"""Turn a finished run directory into a Markdown report (``ppo-train --report RUN_DIR``).
+"""Turn a run directory into a Markdown report and a folder of the files behind every figure
+(``ppo-train --report RUN_DIR --report-out OUT.md``).
 
-The report holds the command and the machine (from ``run.json``), the wall time, a table of
-training metrics (mean of the first and last ``REWARD_WINDOW`` PPO steps), greedy evaluation before and after
-training with a two-proportion z-test, the reward curve, and sample generations for the same
-test problems before and after. Every number is read from the run's own files.
+``OUT.md`` holds the headline figures, the commands and machine with the wall time of
+each invocation, a table of training metrics (mean of the first and last ``REWARD_WINDOW`` PPO
+steps), the reward curve (``OUT.png``), greedy evaluation before and after training
+with the exact McNemar test on the paired outcomes, and samples of problems that improved,
+regressed and stayed the same. The folder ``OUT`` holds ``summary.json`` (every headline figure),
+``eval_before.jsonl`` and ``eval_after.jsonl`` (one record per problem: question, reference,
+response, answer, correct, ...), ``metrics.jsonl``, ``config.yaml`` and ``run.json``: each
+figure of the summary can be recomputed from these files (``summarize``).
+
+Wall time: each invocation's entry in ``run.json`` is kept current as the run goes
+(``runlog.Progress``), so an invocation killed from outside still counts up to its last
+finished step or evaluation batch; an entry from before that bookkeeping, killed, has no time
+at all, and the report says so. Staging (copying the model and data to the device) happens
+outside the run: pass its seconds as ``--staging-seconds``.
 """
 
 from __future__ import annotations
@@ -11,14 +22,15 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
-from assignment.trainer.runlog import EVALS, METRICS, REWARD_WINDOW, plot_run, read_jsonl
-from assignment.trainer.stats import two_proportion_z_test
+from assignment.trainer.runlog import EVALS, METRICS, REWARD_WINDOW, eval_records_path, plot_run, read_jsonl
+from assignment.trainer.stats import mcnemar_exact
 
-TRAINING_KEYS = ["rollout/reward_mean", "rollout/correct_rate", "rollout/format_rate", "rollout/reasoning_rate",
-                 "rollout/response_length", "rollout/truncated_rate", "rollout/kl", "stats/approx_kl",
-                 "stats/policy_clipfrac", "loss/value", "time/rollout", "time/update"]
-NUM_SAMPLES = 3
+TRAINING_KEYS = ["rollout/reward_mean", "rollout/correct_rate", "rollout/format_rate", "rollout/response_length",
+                 "rollout/truncated_rate", "rollout/kl", "rollout/kl_coeff", "stats/approx_kl",
+                 "stats/policy_clipfrac", "stats/advantage_max", "loss/value", "time/rollout", "time/update"]
+BUNDLE_FILES = ("metrics.jsonl", "config.yaml", "run.json")
 
 
 def _mean(rows: list[dict], key: str) -> float:
@@ -30,71 +42,210 @@ def _block(text: str) -> str:
     return "```\n" + text.strip().replace("```", "'''") + "\n```"
 
 
-def render(run_dir: Path, image_name: str) -> str:
-    """The report's Markdown for ``run_dir``; the reward curve is linked as ``image_name``."""
+def eval_pair(run_dir: Path) -> tuple[list[dict], list[dict], int, int]:
+    """The per-problem records of the first and the last finished evaluation, and their steps."""
+    steps = [e["step"] for e in read_jsonl(run_dir / EVALS)]
+    if len(steps) < 2:
+        raise FileNotFoundError(f"{run_dir} has fewer than two finished evaluations in {EVALS}")
+    before, after = (read_jsonl(eval_records_path(run_dir, step)) for step in (steps[0], steps[-1]))
+    return before, after, steps[0], steps[-1]
+
+
+def _eval_figures(records: list[dict]) -> dict[str, Any]:
+    n = len(records)
+    markers = [r.get("marker") for r in records]
+    return {"accuracy": sum(bool(r["correct"]) for r in records) / n,
+            "answer_rate": sum(r["answer"] is not None for r in records) / n,
+            "boxed_rate": markers.count("boxed") / n,
+            "response_length": sum(r["length"] for r in records) / n if all("length" in r for r in records) else None}
+
+
+def _wall_time(runs: list[dict], staging_seconds: float | None) -> dict[str, Any]:
+    """Seconds per part of the run, summed over invocations from what ``run.json`` recorded."""
+    wall = sum(r.get("seconds", 0.0) for r in runs)
+    train, evaluation = (sum(r.get(f"{kind}_seconds", 0.0) for r in runs) for kind in ("train", "eval"))
+    unrecorded = sum("seconds" not in r for r in runs)
+    return {"staging": staging_seconds, "training": train, "evaluation": evaluation,
+            "other": wall - train - evaluation, "wall": wall, "invocations": len(runs),
+            "invocations_without_time": unrecorded}
+
+
+def summarize(run_dir: Path, staging_seconds: float | None = None) -> dict[str, Any]:
+    """The headline figures of the run in ``run_dir``, each computed from its files alone."""
+    from assignment.trainer.config import load_config
+
     runs = json.loads((run_dir / "run.json").read_text())
-    metrics, evals = read_jsonl(run_dir / METRICS), read_jsonl(run_dir / EVALS)
+    metrics = read_jsonl(run_dir / METRICS)
     if not metrics:
-        raise FileNotFoundError(f"{run_dir} has no {METRICS}: not a finished run")
+        raise FileNotFoundError(f"{run_dir} has no {METRICS}: not a run")
+    cfg = load_config(run_dir / "config.yaml")
+    before, after, step_before, step_after = eval_pair(run_dir)
+    test = mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after])
+    fig_before, fig_after = _eval_figures(before), _eval_figures(after)
     first, last = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
-    seconds = sum(r.get("seconds", 0.0) for r in runs)
-    lines = [f"# PPO run report: {run_dir.name}", "",
-             "## Command and machine", ""]
-    for invocation in runs:
-        lines.append(f"- `{invocation['command']}`{' (resumed)' if invocation['resume'] else ''}: "
-                     f"{invocation['device']}, torch {invocation['torch']}, "
-                     f"transformers {invocation['transformers']}, started {invocation['started']}, "
-                     f"wall time {invocation.get('seconds', float('nan')):.0f} s")
-    lines += ["", f"Total wall time: {seconds:.0f} s ({seconds / 60:.1f} min) for {len(metrics)} PPO steps, "
-              "model loading and evaluations included.", "",
-              f"## Training (mean of the first and last {REWARD_WINDOW} PPO steps)", "",
-              "| metric | first | last | last / first |", "|---|---|---|---|"]
+    seconds = _wall_time(runs, staging_seconds)
+    return {
+        "card": " / ".join(dict.fromkeys(r["device"] for r in runs)), "n": test.n,
+        "steps": len(metrics), "eval_steps": [step_before, step_after],
+        "accuracy_before": fig_before["accuracy"], "accuracy_after": fig_after["accuracy"],
+        "improved": test.c, "regressed": test.b, "mcnemar_p": test.p_value,
+        "answer_rate_before": fig_before["answer_rate"], "answer_rate_after": fig_after["answer_rate"],
+        "boxed_rate_before": fig_before["boxed_rate"], "boxed_rate_after": fig_after["boxed_rate"],
+        "response_length_before": fig_before["response_length"], "response_length_after": fig_after["response_length"],
+        "reward_first10": _mean(first, "rollout/reward_mean"), "reward_last10": _mean(last, "rollout/reward_mean"),
+        "correct_rate_first10": _mean(first, "rollout/correct_rate"), "correct_rate_last10": _mean(last, "rollout/correct_rate"),
+        "sampled_length_first10": _mean(first, "rollout/response_length"),
+        "sampled_length_last10": _mean(last, "rollout/response_length"),
+        "kl_final": metrics[-1]["rollout/kl"], "kl_last10": _mean(last, "rollout/kl"),
+        "kl_max": max(m["rollout/kl"] for m in metrics),
+        "kl_budget": {"adaptive": cfg.kl.adaptive, "target": cfg.kl.target if cfg.kl.adaptive else None,
+                      "coeff_start": metrics[0].get("rollout/kl_coeff"), "coeff_end": metrics[-1].get("rollout/kl_coeff"),
+                      "horizon": cfg.kl.horizon, "ppo_target_kl": cfg.ppo.target_kl},
+        "early_stops": int(sum(m.get("stats/early_stop", 0) for m in metrics)),
+        "skipped_updates": int(sum(m.get("stats/update_skipped", 0) for m in metrics)),
+        "answer_format": cfg.reward.answer_format, "seconds": seconds,
+        "gpu_seconds": seconds["wall"] + (staging_seconds or 0.0),
+    }
+
+
+def _invocation_line(run: dict) -> str:
+    """One invocation: command, machine, versions, and how long it ran (and how it ended)."""
+    status = run.get("status")
+    if "seconds" not in run:
+        time_text = "no end time recorded (killed before it could write one, e.g. by a command limit)"
+    elif status == "running":
+        time_text = f"killed: at least {run['seconds']:.0f} s (to its last finished step or eval batch)"
+    else:
+        time_text = f"wall time {run['seconds']:.0f} s" + (f", {status}" if status else "")
+    parts = [f"{run[k]:.0f} s {k.removesuffix('_seconds')}" for k in ("train_seconds", "eval_seconds") if k in run]
+    detail = f" ({', '.join(parts)})" if parts else ""
+    return (f"- `{run['command']}`{' (resumed)' if run['resume'] else ''}: {run['device']}, torch {run['torch']}, "
+            f"transformers {run['transformers']}, started {run['started']}, {time_text}{detail}")
+
+
+def _headline(summary: dict, run_dir: Path) -> list[str]:
+    s, t = summary, summary["seconds"]
+    staging = f"{t['staging']:.0f} s" if t["staging"] is not None else "not given (pass --staging-seconds)"
+    budget = s["kl_budget"]
+    target = f"target {budget['target']:g} nats/sequence" if budget["adaptive"] else "no target (fixed coefficient)"
+    missing = (f" ({t['invocations_without_time']} invocation(s) recorded no time: the sum misses them)"
+               if t["invocations_without_time"] else "")
+    return [f"# PPO run report: {run_dir.name}", "", f"**Card: {s['card']}.** Every figure below is computed from the "
+            "files of the folder beside this report (`summary.json` lists them).", "",
+            "| figure | value |", "|---|---|",
+            f"| greedy accuracy, {s['n']} test problems | {s['accuracy_before']:.4f} -> {s['accuracy_after']:.4f} "
+            f"({s['improved']} improved, {s['regressed']} regressed; exact McNemar p = {s['mcnemar_p']:.3g}) |",
+            f"| answer rate ({s['answer_format']}) | {s['answer_rate_before']:.4f} -> {s['answer_rate_after']:.4f} |",
+            f"| greedy response length (tokens) | {_num(s['response_length_before'])} -> {_num(s['response_length_after'])} |",
+            f"| training reward, first / last {REWARD_WINDOW} steps | {s['reward_first10']:.4f} -> {s['reward_last10']:.4f} |",
+            f"| KL to the reference (nats/sequence), last step / max | {s['kl_final']:.2f} / {s['kl_max']:.2f}; {target}, "
+            f"coefficient {_num(budget['coeff_start'], 4)} -> {_num(budget['coeff_end'], 4)} |",
+            f"| updates stopped early (target_kl) / skipped (no reward spread) | {s['early_stops']} / {s['skipped_updates']} of {s['steps']} |",
+            f"| wall time | staging {staging}; training {t['training']:.0f} s; evaluation {t['evaluation']:.0f} s; "
+            f"other (loading, checkpoints) {t['other']:.0f} s; run total {t['wall']:.0f} s{missing} |", ""]
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def _training_table(metrics: list[dict]) -> list[str]:
+    first, last = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
+    lines = [f"## Training (mean of the first and last {REWARD_WINDOW} PPO steps)", "",
+             "| metric | first | last | last / first |", "|---|---|---|---|"]
     for key in TRAINING_KEYS:
         first_mean, last_mean = _mean(first, key), _mean(last, key)
-        ratio = f"{last_mean / first_mean:.2f}" if first_mean not in (0.0,) and first_mean == first_mean else "n/a"
+        if first_mean != first_mean:  # nan: the run did not log this key
+            continue
+        ratio = f"{last_mean / first_mean:.2f}" if first_mean != 0.0 else "n/a"
         lines.append(f"| {key} | {first_mean:.4f} | {last_mean:.4f} | {ratio} |")
-    lines += ["", f"![reward curve]({image_name})", ""]
-    if len(evals) >= 2:
-        before, after = evals[0], evals[-1]
-        test = two_proportion_z_test(int(before["eval/correct"]), int(before["eval/n"]),
-                                  int(after["eval/correct"]), int(after["eval/n"]))
-        lines += ["## Greedy evaluation (strict: the answer must be on a `#### <number>` line)", "",
-                  "| | step | n | strict accuracy | format rate | response length |", "|---|---|---|---|---|---|"]
-        for name, record in (("before", before), ("after", after)):
-            lines.append(f"| {name} | {record['step']} | {record['eval/n']} | {record['eval/accuracy']:.4f} | "
-                         f"{record['eval/format_rate']:.4f} | {record['eval/response_length']:.1f} |")
-        lines += ["", f"Two-proportion z-test, after vs before: difference {test.diff:+.4f} "
-                  f"(95% CI {test.ci_low:+.4f} to {test.ci_high:+.4f}), z = {test.z:.3f}, "
-                  f"two-sided p = {test.p_value:.3g}. "
-                  "The same test problems are used before and after, so the samples are paired and this "
-                  "test is conservative.", ""]
-        lines += _samples(run_dir, before["step"], after["step"])
-    return "\n".join(lines) + "\n"
+    return lines + [""]
 
 
-def _samples(run_dir: Path, before_step: int, after_step: int) -> list[str]:
-    before = read_jsonl(run_dir / "eval_samples" / f"step_{before_step}.jsonl")
-    after = read_jsonl(run_dir / "eval_samples" / f"step_{after_step}.jsonl")
-    lines = ["## Sample generations (greedy, the first test problems)", ""]
-    for old, new in list(zip(before, after))[:NUM_SAMPLES]:
-        lines += [f"**Question** (reference answer {old['reference']}):", "", _block(old["question"]), "",
-                  f"Before (correct: {old['correct']}, formatted: {old['formatted']}):", "",
-                  _block(old["response"]), "",
-                  f"After (correct: {new['correct']}, formatted: {new['formatted']}):", "",
-                  _block(new["response"]), ""]
+def _findings(s: dict) -> list[str]:
+    """What the model learned and what it did not, as the numbers say it (no judgement added)."""
+    significant = s["mcnemar_p"] < 0.05
+    change = (f"rose from {s['accuracy_before']:.1%} to" if s["accuracy_after"] > s["accuracy_before"] else
+              f"fell from {s['accuracy_before']:.1%} to" if s["accuracy_after"] < s["accuracy_before"] else "stayed at")
+    lines = ["## What changed", "",
+             f"- Greedy accuracy {change} {s['accuracy_after']:.1%}: "
+             f"{s['improved']} problems went from wrong to right, {s['regressed']} from right to wrong; "
+             + ("a change unlikely under no effect (p < 0.05)." if significant else
+                "not distinguishable from no change at the 5% level (p >= 0.05)."),
+             f"- Answers found: {s['answer_rate_before']:.1%} -> {s['answer_rate_after']:.1%} of responses "
+             f"(\\boxed: {s['boxed_rate_before']:.1%} -> {s['boxed_rate_after']:.1%}).",
+             f"- Sampled correct rate during training: {s['correct_rate_first10']:.3f} (first {REWARD_WINDOW} steps) -> "
+             f"{s['correct_rate_last10']:.3f} (last {REWARD_WINDOW}); sampled length "
+             f"{s['sampled_length_first10']:.0f} -> {s['sampled_length_last10']:.0f} tokens."]
+    budget = s["kl_budget"]
+    if budget["adaptive"]:
+        held = "held" if s["kl_last10"] <= 1.5 * budget["target"] else "did not hold"
+        lines.append(f"- KL to the reference: {s['kl_last10']:.1f} nats/sequence over the last {REWARD_WINDOW} steps "
+                     f"against a target of {budget['target']:g}: the budget {held} (held: within 1.5 x the target).")
+    return lines + [""]
+
+
+def _eval_section(summary: dict, before: list[dict], after: list[dict], steps: tuple[int, int]) -> list[str]:
+    lines = [f"## Greedy evaluation (answers read as the reward reads them: {summary['answer_format']})", "",
+             "| | step | n | accuracy | answer rate | response length |", "|---|---|---|---|---|---|"]
+    for name, step, key in (("before", steps[0], "before"), ("after", steps[1], "after")):
+        lines.append(f"| {name} | {step} | {summary['n']} | {summary[f'accuracy_{key}']:.4f} | "
+                     f"{summary[f'answer_rate_{key}']:.4f} | {_num(summary[f'response_length_{key}'])} |")
+    lines += ["", f"Exact McNemar test on the {summary['n']} paired outcomes: {summary['improved']} improved, "
+              f"{summary['regressed']} regressed, two-sided p = {summary['mcnemar_p']:.3g} (binomial test of the "
+              "discordant pairs; the same problems before and after).", ""]
+    return lines + _samples(before, after)
+
+
+def _samples(before: list[dict], after: list[dict], per_kind: int = 2) -> list[str]:
+    """The first problems that improved, regressed, stayed right and stayed wrong."""
+    kinds = [("Improved (wrong -> right)", False, True), ("Regressed (right -> wrong)", True, False),
+             ("Unchanged, right", True, True), ("Unchanged, wrong", False, False)]
+    lines = ["## Samples (greedy, the first test problems of each kind)", ""]
+    for title, was, now in kinds:
+        pairs = [(old, new) for old, new in zip(before, after) if bool(old["correct"]) == was and bool(new["correct"]) == now]
+        lines += [f"### {title}: {len(pairs)} problems", ""]
+        for old, new in pairs[:per_kind]:
+            lines += [f"**Question** (reference answer {old['reference']}):", "", _block(old["question"]), "",
+                      f"Before (answer {old['answer']}, correct: {old['correct']}):", "", _block(old["response"]), "",
+                      f"After (answer {new['answer']}, correct: {new['correct']}):", "", _block(new["response"]), ""]
     return lines
 
 
-def write_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.md``), with the
-    reward-curve PNG copied beside it."""
+def render(run_dir: Path, image_name: str, summary: dict) -> str:
+    """The report's Markdown for ``run_dir``; the reward curve is linked as ``image_name``."""
+    runs = json.loads((run_dir / "run.json").read_text())
+    before, after, step_before, step_after = eval_pair(run_dir)
+    lines = _headline(summary, run_dir) + ["## Command and machine", ""]
+    lines += [_invocation_line(run) for run in runs] + [""]
+    lines += _training_table(read_jsonl(run_dir / METRICS)) + [f"![reward curve]({image_name})", ""]
+    lines += _findings(summary) + _eval_section(summary, before, after, (step_before, step_after))
+    return "\n".join(lines) + "\n"
+
+
+def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float | None = None) -> Path:
+    """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.md``), the reward-curve
+    PNG beside it, and the folder ``out`` without its suffix: summary.json, eval_before.jsonl,
+    eval_after.jsonl, metrics.jsonl, config.yaml, run.json."""
     out = out or run_dir / "report.md"
     out.parent.mkdir(parents=True, exist_ok=True)
+    summary = summarize(run_dir, staging_seconds)
+    bundle = out.with_suffix("")
+    bundle.mkdir(exist_ok=True)
+    for name in BUNDLE_FILES:
+        _copy(run_dir / name, bundle / name)
+    for name, step in zip(("eval_before.jsonl", "eval_after.jsonl"), summary["eval_steps"]):
+        _copy(eval_records_path(run_dir, step), bundle / name)
+    (bundle / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     curve = run_dir / "reward_curve.png"
     if not curve.is_file():
         plot_run(run_dir)
     image = out.with_suffix(".png")
-    if image.resolve() != curve.resolve():
-        shutil.copyfile(curve, image)
-    out.write_text(render(run_dir, image.name))
+    _copy(curve, image)
+    out.write_text(render(run_dir, image.name, summary))
     return out
+
+
+def _copy(source: Path, target: Path) -> None:
+    if source.resolve() != target.resolve():
+        shutil.copyfile(source, target)

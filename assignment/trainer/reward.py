@@ -1,16 +1,28 @@
 """The reward: GSM8K-style answer extraction and a configurable, shaping-aware score.
 
-A response is *well-formed* when it holds a line ``#### <number>`` (GSM8K's own answer
-format; the last such marker counts), and *correct* when that number equals the reference.
-Numbers are compared as decimals after removing thousands separators and a leading ``$``, so
-``#### 1,000``, ``#### $1000`` and ``#### 1000.00`` all match the reference ``1000``.
+The *answer* of a response is the number of its last answer marker (``reward.answer_format``):
+
+- ``last_of_both`` (the default): ``#### <number>`` (GSM8K's own format) or ``\\boxed{<number>}``
+  (LaTeX, what chat models trained on math write: Qwen2.5-Coder-0.5B-Instruct boxes 87-90% of
+  its GSM8K answers and ignores an instruction to write '####'), whichever comes last in the
+  text. Measured on the first 512 test problems, greedy: 25.8% correct with this extraction,
+  0.2% with ``strict``.
+- ``strict``: ``#### <number>`` only (TinyZero/verl's ``gsm8k.py``).
+
+A marker counts only when it holds a plain number: ``\\boxed{\\frac{1}{2}}`` (nested braces),
+``\\boxed{18\\%}`` or ``#### seventy`` are no answer, and an earlier well-formed marker then
+counts. Numbers are compared as decimals after removing thousands separators and a leading
+``$`` (also ``\\$`` inside ``\\boxed{}``), so ``#### 1,000``, ``\\boxed{$1000}`` and
+``#### 1000.00`` all match the reference ``1000``. A response is *well-formed* (``formatted``)
+when it has an answer, and *correct* when that answer equals the reference.
 
 Why the shaping knobs: with a bonus for *any* well-formed answer, PPO on GSM8K learns to skip
 the reasoning: responses shrank from ~160 to ~15 tokens and the format rate rose from 8% to
 90% while accuracy stayed near 1% (measured on SmolLM2-135M). ``format_bonus_when`` pays the
 bonus only after some reasoning (or only when correct), so the cheapest way to the bonus is
 no longer to drop the work. References: the GSM8K paper (Cobbe et al. 2021) for the format;
-TinyZero/verl's ``gsm8k.py`` reward (strict ``####`` extraction plus a format score).
+TinyZero/verl's ``gsm8k.py`` reward (strict ``####`` extraction plus a format score); Qwen2.5-Math's
+``\\boxed{}`` chain-of-thought prompt.
 """
 
 from __future__ import annotations
@@ -21,8 +33,13 @@ from decimal import Decimal, InvalidOperation
 
 from assignment.trainer.config import RewardConfig
 
-# '#### ' then an optional '$', a sign, digits with optional thousands commas and decimals.
-_ANSWER = re.compile(r"####\s*\$?\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)")
+ANSWER_FORMATS = ("last_of_both", "strict")
+
+_NUMBER = r"-?[0-9][0-9,]*(?:\.[0-9]+)?"
+# '####' then an optional '$', a sign, digits with optional thousands commas and decimals.
+_HASHES = re.compile(r"####\s*\$?\s*(" + _NUMBER + ")")
+# '\boxed{' then a plain number (an optional '$' or '\$'), spaces allowed, then '}': no nested braces.
+_BOXED = re.compile(r"\\boxed\s*\{\s*(?:\\?\$)?\s*(" + _NUMBER + r")\s*\.?\s*\}")
 
 
 def normalize_number(text: str) -> str | None:
@@ -42,16 +59,39 @@ def normalize_number(text: str) -> str | None:
     return format(value.normalize(), "f")
 
 
-def extract_answer(text: str) -> str | None:
-    """The normalised number after the last ``####`` in ``text``, or None if there is none."""
-    matches = _ANSWER.findall(text)
-    return normalize_number(matches[-1]) if matches else None
+@dataclass(frozen=True)
+class Answer:
+    """The answer found in a response: the normalised number, which marker held it, and where
+    the marker starts in the text."""
+
+    value: str
+    marker: str  # "####" or "boxed"
+    start: int
 
 
-def reasoning_words(text: str) -> int:
-    """Number of whitespace-separated words before the last ``####`` (all of them if none)."""
-    head = text.rsplit("####", 1)[0] if "####" in text else text
-    return len(head.split())
+def find_answer(text: str, answer_format: str = "last_of_both") -> Answer | None:
+    """The last well-formed answer marker of ``text`` under ``answer_format``, or None."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got '{answer_format}'")
+    patterns = [("####", _HASHES)] + ([("boxed", _BOXED)] if answer_format == "last_of_both" else [])
+    found = [(match.start(), marker, match.group(1)) for marker, pattern in patterns for match in pattern.finditer(text)]
+    for start, marker, number in sorted(found, reverse=True):
+        value = normalize_number(number)
+        if value is not None:
+            return Answer(value, marker, start)
+    return None
+
+
+def extract_answer(text: str, answer_format: str = "last_of_both") -> str | None:
+    """The normalised number of the last well-formed answer marker in ``text``, or None."""
+    answer = find_answer(text, answer_format)
+    return answer.value if answer else None
+
+
+def reasoning_words(text: str, answer_format: str = "last_of_both") -> int:
+    """Number of whitespace-separated words before the answer marker (all of them if none)."""
+    answer = find_answer(text, answer_format)
+    return len((text[:answer.start] if answer else text).split())
 
 
 @dataclass(frozen=True)
@@ -60,8 +100,10 @@ class Score:
 
     reward: float
     correct: bool
-    formatted: bool
+    formatted: bool  # an answer was found
     reasoning: bool
+    answer: str | None = None  # the normalised answer (None: no well-formed marker)
+    marker: str | None = None  # "####", "boxed" or None
 
 
 def score(response: str, reference: str, finished: bool, num_tokens: int, cfg: RewardConfig) -> Score:
@@ -74,12 +116,13 @@ def score(response: str, reference: str, finished: bool, num_tokens: int, cfg: R
         num_tokens: the response's number of real tokens, EOS included.
         cfg: the reward section of the config.
     """
-    answer = extract_answer(response)
+    answer = find_answer(response, cfg.answer_format)
     formatted = answer is not None
-    correct = formatted and answer == reference
-    reasoning = reasoning_words(response) >= cfg.min_reasoning_words
+    correct = formatted and answer.value == reference
+    reasoning = len((response[:answer.start] if answer else response).split()) >= cfg.min_reasoning_words
     bonus_due = formatted and {"always": True, "reasoning": reasoning, "correct": correct}[cfg.format_bonus_when]
     reward = cfg.correct * correct + cfg.format_bonus * bonus_due + cfg.per_token_reward * num_tokens
     if not finished:
         reward += cfg.truncation_reward
-    return Score(float(reward), correct, formatted, reasoning)
+    return Score(float(reward), correct, formatted, reasoning, answer.value if answer else None,
+                 answer.marker if answer else None)

@@ -28,8 +28,12 @@ from assignment.trainer.batch import response_slice
 
 
 def render_prompts(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], cfg: DataConfig) -> list[str]:
-    """Each question as the model's chat prompt, or as plain text if it has no chat template."""
-    contents = [cfg.prompt_template.format(question=q) for q in questions]
+    """Each question as the model's chat prompt, or as plain text if it has no chat template.
+
+    ``{question}`` in ``cfg.prompt_template`` is replaced by the question; any other brace is
+    kept as written (``str.format`` would read the ``{}`` of ``\\boxed{}`` as a field).
+    """
+    contents = [cfg.prompt_template.replace("{question}", q) for q in questions]
     if tokenizer.chat_template is None:
         return contents
     system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
@@ -74,9 +78,13 @@ def generate(lm: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.T
     """Sample (or greedily decode) responses; returns response ids (B, T), T <= max_new_tokens."""
     # A fresh GenerationConfig: a model's own defaults (Qwen ships top_k=20, repetition_penalty
     # 1.05, ...) would otherwise silently change the sampling distribution the ratio assumes.
+    # Generation stops when every row has ended with an EOS id (or at max_new_tokens).
     sampling = {} if greedy else {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k}
+    # A static cache is never compiled here (disable_compile): transformers would otherwise
+    # compile the decoding step on CUDA, a path no CPU test can run.
+    cache = {"cache_implementation": "static", "disable_compile": True} if cfg.cache_implementation == "static" else {}
     gen_cfg = GenerationConfig(do_sample=not greedy, max_new_tokens=cfg.max_new_tokens,
-                               pad_token_id=pad_token_id, eos_token_id=list(eos_ids), **sampling)
+                               pad_token_id=pad_token_id, eos_token_id=list(eos_ids), **sampling, **cache)
     out = lm.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg)
     return out[:, prompt_ids.shape[1]:]
 

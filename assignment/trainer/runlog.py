@@ -1,9 +1,11 @@
 """What a run leaves behind: JSONL metrics, TensorBoard, optional wandb, samples, a reward curve.
 
-A run directory holds ``config.yaml`` (the effective config), ``metrics.jsonl`` (one line per
-PPO step), ``eval.jsonl`` (one line per evaluation), ``samples.jsonl`` (sample generations),
-``eval_samples/step_N.jsonl`` (every greedy evaluation response), ``tb/`` (TensorBoard) and,
-at the end, ``reward_curve.png``. Keys are namespaced: ``rollout/``, ``loss/``, ``stats/``,
+A run directory holds ``config.yaml`` (the effective config), ``run.json`` (one entry per
+invocation: command, machine, versions, and its times as the run goes: ``Progress``),
+``metrics.jsonl`` (one line per PPO step), ``eval.jsonl`` (one line per finished evaluation),
+``samples.jsonl`` (sample generations), ``eval_samples/step_N.jsonl`` (one record per problem
+of the greedy evaluation after step N, written batch by batch), ``tb/`` (TensorBoard) and, at
+the end, ``reward_curve.png``. Keys are namespaced: ``rollout/``, ``loss/``, ``stats/``,
 ``eval/``, ``time/``. On resume the JSONL files are cut back to the checkpoint's step, so that
 steps a killed run logged after its last checkpoint are not counted twice.
 """
@@ -11,6 +13,8 @@ steps a killed run logged after its last checkpoint are not counted twice.
 from __future__ import annotations
 
 import json
+import time
+from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +44,64 @@ def _truncate(path: Path, last_step: int) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in kept))
 
 
+EVAL_RECORDS = "eval_samples"
+
+
+def eval_records_path(out: Path, step: int) -> Path:
+    """Where the per-problem records of the evaluation after ``step`` go."""
+    return out / EVAL_RECORDS / f"step_{step}.jsonl"
+
+
+def _eval_step(path: Path) -> int:
+    return int(path.stem.removeprefix("step_"))
+
+
+class Progress:
+    """This invocation's entry in ``run.json``, rewritten as the run goes, so that a killed
+    invocation still tells how long it ran up to its last finished step or evaluation batch.
+
+    Each entry holds the command, whether it resumed, when it started, the host, torch,
+    transformers and the device, and, kept current: ``seconds`` (wall time so far),
+    ``train_seconds`` and ``eval_seconds`` (time in PPO steps and in evaluations), ``step`` (the
+    last finished PPO step) and ``status`` ("running" until the invocation ends, then "finished"
+    or "time_limit"; an invocation killed from outside stays "running").
+    """
+
+    def __init__(self, out: Path, command: str | None, resume: bool):
+        import platform
+
+        import torch
+        import transformers
+
+        self.path, self.started = out / "run.json", time.time()
+        self.runs = json.loads(self.path.read_text()) if self.path.is_file() else []
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+        self.entry = {"command": command, "resume": resume, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                      "host": platform.node(), "torch": torch.__version__, "transformers": transformers.__version__,
+                      "device": device, "status": "running"}
+        self.times: dict[str, float] = defaultdict(float)
+        self.runs.append(self.entry)
+        self.write()
+
+    def add(self, kind: str, seconds: float, step: int | None = None) -> None:
+        """Count ``seconds`` of ``kind`` ("train" or "eval"); record ``step`` as the last finished."""
+        self.times[kind] += seconds
+        if step is not None:
+            self.entry["step"] = step
+        self.write()
+
+    def finish(self, status: str) -> None:
+        self.entry["status"] = status
+        self.write()
+
+    def write(self) -> None:
+        self.entry["seconds"] = time.time() - self.started
+        self.entry.update({f"{kind}_seconds": value for kind, value in self.times.items()})
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.runs, indent=1))
+        tmp.replace(self.path)
+
+
 class RunLogger:
     """Writes every record to JSONL and, when enabled, TensorBoard and wandb."""
 
@@ -47,6 +109,9 @@ class RunLogger:
         self.out = out
         for name in (METRICS, EVALS, SAMPLES):
             _truncate(out / name, start_step)
+        for path in (out / EVAL_RECORDS).glob("step_*.jsonl"):
+            if _eval_step(path) > start_step:  # from a killed invocation, after its last checkpoint
+                path.unlink()
         self.tb = None
         if cfg.train.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -83,9 +148,11 @@ class RunLogger:
             self.tb.add_text("samples", text, step)
 
     def eval_records(self, step: int, records: list[dict[str, Any]]) -> None:
-        folder = self.out / "eval_samples"
-        folder.mkdir(exist_ok=True)
-        (folder / f"step_{step}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        """Append a batch of per-problem records to the evaluation after ``step``."""
+        path = eval_records_path(self.out, step)
+        path.parent.mkdir(exist_ok=True)
+        with path.open("a") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in records))
 
     def close(self) -> None:
         if self.tb is not None:
@@ -122,8 +189,8 @@ def plot_run(out: Path) -> Path:
     top.legend()
     if evals:
         eval_steps = [e["step"] for e in evals]
-        bottom.plot(eval_steps, [e["eval/accuracy"] for e in evals], "o-", label="eval strict accuracy")
-        bottom.plot(eval_steps, [e["eval/format_rate"] for e in evals], "s--", label="eval format rate")
+        bottom.plot(eval_steps, [e["eval/accuracy"] for e in evals], "o-", label="eval accuracy")
+        bottom.plot(eval_steps, [e["eval/format_rate"] for e in evals], "s--", label="eval answer rate")
         bottom.legend()
     bottom.set_ylim(-0.02, 1.02)
     bottom.set_xlabel("PPO step")

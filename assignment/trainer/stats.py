@@ -1,45 +1,49 @@
-"""Is the accuracy after training different from before? The two-proportion z-test.
+"""Did greedy accuracy change with training? The exact McNemar test on paired outcomes.
 
-For k1 successes out of n1 and k2 out of n2, under H0 (equal proportions) the pooled
-proportion is p = (k1 + k2) / (n1 + n2) and z = (p2 - p1) / sqrt(p (1 - p) (1/n1 + 1/n2)),
-approximately standard normal for large n. The two-sided p-value is erfc(|z| / sqrt(2)).
-The 95% interval of p2 - p1 uses the unpooled (Wald) standard error.
-
-Before/after accuracies on the *same* test problems are paired, which this test ignores; it is
-conservative there (McNemar's test on the discordant pairs would have more power).
+Before and after training the *same* test problems are answered, so the outcomes are paired.
+Only the discordant pairs carry evidence: ``b`` problems right before and wrong after, ``c``
+wrong before and right after. Under H0 (no change) each discordant pair is equally likely to
+go either way, so ``c ~ Binomial(b + c, 1/2)``; the exact two-sided p-value is
+``min(1, 2 * P(X <= min(b, c)))`` (McNemar 1947; the exact binomial form, e.g. Fagerland,
+Lydersen and Laake 2013, "The McNemar test for binary matched-pairs data"). With no
+discordant pair, p = 1. Computed with integers (``math.comb``), exact for any n, no scipy.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-Z95 = 1.959963984540054  # the 97.5% quantile of the standard normal
+from fractions import Fraction
+from typing import Sequence
 
 
 @dataclass(frozen=True)
-class ZTest:
-    p1: float
-    p2: float
-    z: float
-    p_value: float
-    # 95% confidence interval of p2 - p1.
-    ci_low: float
-    ci_high: float
+class McNemar:
+    n: int  # pairs
+    before: int  # right before
+    after: int  # right after
+    b: int  # right before, wrong after (regressed)
+    c: int  # wrong before, right after (improved)
+    p_value: float  # exact, two-sided
 
     @property
     def diff(self) -> float:
-        return self.p2 - self.p1
+        """Accuracy after minus accuracy before."""
+        return (self.c - self.b) / self.n
 
 
-def two_proportion_z_test(k1: int, n1: int, k2: int, n2: int) -> ZTest:
-    """Two-sided test of H0: p1 == p2, from k1/n1 (e.g. before) and k2/n2 (after)."""
-    if not (n1 > 0 and n2 > 0 and 0 <= k1 <= n1 and 0 <= k2 <= n2):
-        raise ValueError(f"need 0 <= k <= n and n > 0, got {k1}/{n1} and {k2}/{n2}")
-    p1, p2 = k1 / n1, k2 / n2
-    pooled = (k1 + k2) / (n1 + n2)
-    se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
-    # Both samples all-success or all-failure: no evidence of a difference.
-    z = (p2 - p1) / se if se > 0 else 0.0
-    wald = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
-    return ZTest(p1, p2, z, math.erfc(abs(z) / math.sqrt(2)), p2 - p1 - Z95 * wald, p2 - p1 + Z95 * wald)
+def binomial_two_sided_p(k: int, n: int) -> float:
+    """Exact two-sided p of observing min(k, n - k) or fewer of n fair coin flips (p = 1/2)."""
+    if not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
+    tail = sum(math.comb(n, i) for i in range(min(k, n - k) + 1))
+    return float(min(Fraction(1), Fraction(2 * tail, 2 ** n)))
+
+
+def mcnemar_exact(before: Sequence[bool], after: Sequence[bool]) -> McNemar:
+    """The exact McNemar test of paired outcomes ``before[i]`` and ``after[i]`` (same problems)."""
+    if len(before) != len(after) or not before:
+        raise ValueError(f"need two non-empty outcome lists of one length, got {len(before)} and {len(after)}")
+    b = sum(bool(x) and not bool(y) for x, y in zip(before, after))
+    c = sum(not bool(x) and bool(y) for x, y in zip(before, after))
+    return McNemar(len(before), sum(map(bool, before)), sum(map(bool, after)), b, c, binomial_two_sided_p(c, b + c))

@@ -1,0 +1,87 @@
+"""A dry run of the GPU run on CPU: configs/gsm8k_qwen_coder.yaml exactly as the device plan
+runs it (the CLI, the environment device-stage's env.sh exports, the solution's exercises),
+with the model swapped for a tiny qwen2-architecture GGUF of the real file's name and layout
+(ChatML template, Qwen's special tokens, q/k/v biases) and tiny sizes. What it exercises: GGUF
+loading and dequantization, the chat template and the \\boxed prompt, the committed GSM8K sample,
+the rollout, reward, KL controller, advantage guard, update with gradient accumulation,
+checkpointing and target_kl bound, the time limit after every step and evaluation batch, resume
+until finished, the evaluation records and the report with its folder.
+
+The one deviation besides the sizes: ppo.min_reward_std=0. A random tiny model never earns a
+reward, so the run's guard would skip every update; the skip itself is tested in test_trainer.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from assignment.trainer import cli
+from assignment.trainer.config import load_config
+from assignment.trainer.loading import load_tokenizer
+from assignment.trainer.rollout import render_prompts
+from assignment.trainer.runlog import read_jsonl
+
+pytest.importorskip("gguf")
+from gguf_models import write_tiny_qwen2_gguf  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "gsm8k_qwen_coder.yaml"
+GGUF_NAME = "Qwen2.5-Coder-0.5B-Instruct.Q4_K_M.gguf"  # the staged file's name
+TINY = ["train.steps=2", "eval.size=4", "eval.batch_size=2", "rollout.batch_size=4", "ppo.minibatch_size=2",
+        "rollout.max_new_tokens=6", "rollout.forward_batch_size=2", "train.time_limit_s=0", "train.sample_every=1",
+        "train.cpu_threads=1", "ppo.min_reward_std=0"]
+
+
+@pytest.fixture()
+def staged(tmp_path, monkeypatch):
+    """The environment of env.sh: MODEL_DIR, MODEL_GGUF (a path) and GSM8K_DIR (here the sample)."""
+    model_dir = tmp_path / "ppo-stage" / "model"
+    model_dir.mkdir(parents=True)
+    write_tiny_qwen2_gguf(model_dir / GGUF_NAME)
+    monkeypatch.setenv("MODEL_DIR", str(model_dir))
+    monkeypatch.setenv("MODEL_GGUF", str(model_dir / GGUF_NAME))
+    monkeypatch.setenv("GSM8K_DIR", str(ROOT / "tests" / "data" / "gsm8k"))
+    monkeypatch.chdir(tmp_path)  # the run dir and the report land here, as in the repo root on the device
+    return tmp_path
+
+
+def test_the_qwen_config_runs_end_to_end_in_time_limited_calls(staged, capsys):
+    run = staged / "runs" / "gsm8k_qwen_coder"
+    argv = ["--config", str(CONFIG), "--impl", str(ROOT / "solutions" / "exercises.py"), *TINY]
+    assert cli.main(argv) == 0
+    calls, logs = 1, [capsys.readouterr().out]
+    while "status: time_limit" in logs[-1] and calls < 12:
+        assert cli.main(["--resume", str(run)]) == 0  # each device call after the first
+        calls, logs = calls + 1, logs + [capsys.readouterr().out]
+    assert "continue with: ppo-train --resume runs/gsm8k_qwen_coder" in logs[0] and "status: finished (2 PPO steps)" in logs[-1]
+    assert "[eval step 0] 2/4 problems" in logs[0] and "[step 1] reward 0.000 correct 0.000" in logs[1]
+    runs = json.loads((run / "run.json").read_text())
+    # Each call stops after the first step or eval batch past the limit (here 0 s): eval batch 1;
+    # eval batch 2 and step 1; step 2 and final eval batch 1; final eval batch 2.
+    assert calls == 4 and [r["status"] for r in runs] == ["time_limit"] * 3 + ["finished"]
+    assert [r["step"] for r in runs if "step" in r] == [1, 2]
+    assert all(r["resume"] for r in runs[1:]) and "--impl" in runs[0]["command"]
+
+    cfg = load_config(run / "config.yaml")
+    assert cfg.model.gguf_file == os.environ["MODEL_GGUF"] and cfg.data.local_dir == os.environ["GSM8K_DIR"]
+    prompt = render_prompts(load_tokenizer(cfg.model), ["Q"], cfg.data)[0]
+    assert prompt.startswith("<|im_start|>system\n") and "Q\nPlease reason step by step, and put your final answer within \\boxed{}" in prompt
+
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["stats/minibatches"] > 0 for m in metrics)
+    assert metrics[0]["rollout/kl_coeff"] == 0.02 and metrics[1]["rollout/kl_coeff"] != 0.02  # the controller moves it
+    for step in (0, 2):
+        records = read_jsonl(run / "eval_samples" / f"step_{step}.jsonl")
+        assert len(records) == 4 and all({"question", "reference", "response", "answer", "correct"} <= set(r) for r in records)
+
+    out = staged / "reports" / "gsm8k_qwen_coder.md"
+    assert cli.main(["--report", str(run), "--report-out", str(out), "--staging-seconds", "95"]) == 0
+    bundle = out.with_suffix("")
+    assert {p.name for p in bundle.iterdir()} == {"summary.json", "eval_before.jsonl", "eval_after.jsonl", "metrics.jsonl",
+                                                  "config.yaml", "run.json"}
+    summary = json.loads((bundle / "summary.json").read_text())
+    assert summary["n"] == 4 and summary["steps"] == 2 and summary["seconds"]["invocations"] == 4
+    assert summary["kl_budget"]["target"] == 10.0 and summary["seconds"]["staging"] == 95.0
+    assert "staging 95 s" in out.read_text() and out.with_suffix(".png").is_file()
