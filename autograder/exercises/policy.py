@@ -92,9 +92,10 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     un, cl = -adv * r, -adv * r.clamp(1 - eps, 1 + eps)
     m = mask.double()
     row_means = (torch.where(mask, torch.maximum(un, cl), 0.0).sum(1) / m.sum(1))[m.sum(1) > 0].mean()
+    sign = "your loss has the opposite sign: the per-token loss is max(-A * ratio, -A * clamp(ratio)), and we minimise it"
     return [
-        ("loss", masked_mean(torch.maximum(-un, -cl), mask),
-         "your loss has the opposite sign: the per-token loss is max(-A * ratio, -A * clamp(ratio)), and we minimise it"),
+        ("loss", masked_mean(torch.minimum(-un, -cl), mask), sign + " (the paper's min(A r, A clip(r)) is maximised)"),
+        ("loss", masked_mean(torch.maximum(-un, -cl), mask), sign),
         ("loss", masked_mean(torch.minimum(un, cl), mask),
          "you take the minimum of the two terms; PPO's loss takes the maximum (the pessimistic bound)"),
         ("loss", torch.maximum(un, cl).mean(), "the mean includes padded positions: use masked_mean(x, response_mask)"),
