@@ -71,7 +71,7 @@ def test_the_qwen_config_runs_end_to_end_in_time_limited_calls(staged, capsys):
 
     metrics = read_jsonl(run / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2] and all(m["stats/minibatches"] > 0 for m in metrics)
-    assert metrics[0]["rollout/kl_coeff"] == 0.02 and metrics[1]["rollout/kl_coeff"] != 0.02  # the controller moves it
+    assert metrics[0]["rollout/kl_coeff"] == 0.001 and metrics[1]["rollout/kl_coeff"] != 0.001  # the controller moves it
     for step in (0, 2):
         records = read_jsonl(run / "eval_samples" / f"step_{step}.jsonl")
         assert len(records) == 4 and all({"question", "reference", "response", "answer", "correct"} <= set(r) for r in records)
