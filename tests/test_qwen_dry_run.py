@@ -83,5 +83,5 @@ def test_the_qwen_config_runs_end_to_end_in_time_limited_calls(staged, capsys):
                                                   "config.yaml", "run.json"}
     summary = json.loads((bundle / "summary.json").read_text())
     assert summary["n"] == 4 and summary["steps"] == 2 and summary["seconds"]["invocations"] == 4
-    assert summary["kl_budget"]["target"] == 10.0 and summary["seconds"]["staging"] == 95.0
+    assert summary["kl_budget"]["target"] == 30.0 and summary["seconds"]["staging"] == 95.0
     assert "staging 95 s" in out.read_text() and out.with_suffix(".png").is_file()
