@@ -3,6 +3,8 @@ llama architecture (SmolLM2) and the qwen2 one (Qwen2.5-Coder, the GPU run's mod
 trainer clears the quantization flags that loader leaves on a dequantized model. A hub id is
 passed to transformers as it is."""
 
+import sys
+
 import pytest
 import torch
 
@@ -44,6 +46,14 @@ def test_gguf_policy_and_reference(tmp_path):
 def test_missing_gguf_file_is_a_clear_error(tmp_path):
     with pytest.raises(ModelError, match="GGUF model file not found"):
         load_lm(ModelConfig(name=str(tmp_path), gguf_file="absent.gguf"), build_tokenizer(), seed=0)
+
+
+@pytest.mark.parametrize("package", ["gguf", "accelerate"])
+def test_a_gguf_model_without_its_packages_is_a_clear_error(tmp_path, monkeypatch, package):
+    write_tiny_llama_gguf(tmp_path / "m.gguf", V)
+    monkeypatch.setitem(sys.modules, package, None)  # `import package` now raises ImportError
+    with pytest.raises(ModelError, match=f"needs the {package} package"):
+        loading._source(ModelConfig(name=str(tmp_path), gguf_file="m.gguf"))
 
 
 @pytest.fixture(scope="module")

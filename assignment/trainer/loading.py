@@ -40,10 +40,16 @@ def _source(cfg: ModelConfig) -> tuple[str, dict]:
     if not path.is_file():
         raise ModelError(f"GGUF model file not found: {path} "
                          "(model.name is its folder, model.gguf_file the file name or its path)")
-    try:  # transformers reads GGUF files with it; say so here rather than deep inside from_pretrained
+    # transformers reads GGUF files with gguf and places their weights with accelerate; name a
+    # missing one here rather than deep inside from_pretrained.
+    try:
         import gguf  # noqa: F401
     except ImportError:
         raise ModelError("model.gguf_file needs the gguf package: pip install gguf") from None
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        raise ModelError("model.gguf_file needs the accelerate package: pip install accelerate") from None
     return str(path.parent), {"gguf_file": path.name}
 
 
