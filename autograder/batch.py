@@ -26,6 +26,7 @@ version. A grader failure leaves no results file, so the next run retries that s
 from __future__ import annotations
 
 import csv
+import fcntl
 import hashlib
 import io
 import json
@@ -296,9 +297,13 @@ class _Stopped(BaseException):
 
 
 def _stop(signum, frame) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for number in (signal.SIGINT, signal.SIGTERM):  # once: the parent's SIGTERM follows a Ctrl-C
+        signal.signal(number, _ignore)
     raise _Stopped
+
+
+def _ignore(signum, frame) -> None:
+    """Not SIG_IGN: a signal already pending when the handler changes would raise an OSError."""
 
 
 def _examples_as_alone() -> None:
@@ -655,14 +660,25 @@ class BatchResult:
 
 def grade_class(options: Options, cfg: GradingConfig, progress: Progress = _Silent()) -> BatchResult:
     """Grade every student of ``options.submissions`` who needs it, then write the gradebook.
-    Raises BatchError (nothing to grade, a folder that cannot be hidden) or GraderFailure (the
-    sandbox cannot keep the class private); KeyboardInterrupt leaves every finished result in place."""
-    out, exercises = Path(options.out), tuple(sorted(options.exercises)) if options.exercises else None
-    training = options.with_training or cfg.training.enabled
+    Raises BatchError (nothing to grade, a folder that cannot be hidden, another run on the same
+    out folder) or GraderFailure (the sandbox cannot keep the class private); KeyboardInterrupt
+    leaves every finished result in place."""
+    out = Path(options.out)
     found = discover(options.submissions, skip=(out,))
     if not found.students:
         raise BatchError(f"no submissions in {options.submissions}: expected NAME.py files or one folder per student")
     (out / RESULTS).mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        for folder, pattern in [(out, ".gradebook.csv-*"), (out, ".summary.md-*"), (out, ".results-*"),
+                                (out / RESULTS, ".results-*"), (out / FAILURES, ".results-*")]:
+            for leftover in folder.glob(pattern):  # temporary files of atomic writes cut short
+                _unlink(leftover)
+        return _grade_and_write(options, cfg, found, progress)
+
+
+def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, progress: Progress) -> BatchResult:
+    out, exercises = Path(options.out), tuple(sorted(options.exercises)) if options.exercises else None
+    training = options.with_training or cfg.training.enabled
     key, state = run_key(options.config_path, exercises, training), load_state(out)
     todo = plan(found.students, out, state, key, options.restart)
     strategy, jobs, notes = _jobs(cfg, options.jobs, len(todo.todo))
@@ -687,6 +703,20 @@ def grade_class(options: Options, cfg: GradingConfig, progress: Progress = _Sile
     csv_path, summary_path = write_gradebook(out, book, found.ignored)
     return BatchResult(book, graded, [s.id for s in todo.kept], failed, found.ignored, jobs, strategy, notes,
                        csv_path, summary_path)
+
+
+@contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """One run at a time per out folder: two would grade the same students and race on the state."""
+    fd = os.open(out / ".lock", os.O_CREAT | os.O_RDWR, stat.S_IRUSR | stat.S_IWUSR)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BatchError(f"another ppo-grade is grading into {out}: wait for it to finish") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def _jobs(cfg: GradingConfig, asked: int | None, todo: int) -> tuple[str, int, list[str]]:

@@ -401,3 +401,16 @@ def test_usage_errors(tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exit:
         cli.main([a.format(**values) for a in args])
     assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_one_run_at_a_time_per_out_folder(tmp_path):
+    import fcntl
+
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs.mkdir()
+    (subs / "alice.py").write_text("x\n")
+    out.mkdir()
+    with open(out / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(batch.BatchError, match="another ppo-grade is grading into"):
+            batch.grade_class(batch.Options(subs, out, CONFIG), config.load(CONFIG, CHECK_IDS))
