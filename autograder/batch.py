@@ -219,9 +219,9 @@ def read_results(out: Path, sid: str) -> dict | None:
     """The results file of ``sid`` if it is one the grader wrote (complete and consistent), else None."""
     try:
         data = json.loads(results_path(out, sid).read_text(encoding="utf-8"))
-        for t in data["tests"]:
-            t["extra_data"]["exercise"], t["extra_data"]["check"], t["max_score"], t["status"]  # noqa: B018
-        if math.isclose(data["score"], sum(t["score"] for t in data["tests"])):
+        tests = data["tests"]
+        if all({"score", "max_score", "status"} <= t.keys() and {"exercise", "check"} <= t["extra_data"].keys()
+               for t in tests) and math.isclose(data["score"], sum(t["score"] for t in tests)):
             return data
     except (OSError, ValueError, KeyError, TypeError):
         pass

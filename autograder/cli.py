@@ -125,7 +125,7 @@ def _main_class(args: argparse.Namespace) -> int:
         result = batch.grade_class(options, cfg, progress)
     except KeyboardInterrupt:
         progress.close()
-        print(f"ppo-grade: interrupted; the {progress.finished} results finished are kept in {args.out}: "
+        print(f"ppo-grade: interrupted after {progress.finished} students; what they got is kept in {args.out}: "
               "rerun the same command to grade the rest", file=sys.stderr)
         return EXIT_INTERRUPTED
     except (batch.BatchError, GraderFailure) as err:
