@@ -4,11 +4,17 @@ Exit status: 0 whenever grading completed, whatever the score; 1 when the grader
 failed (a results.json with 0 points and the reason is written even then); 2 for bad usage.
 The grader's own log (staff notes, failures) goes to stderr, which Gradescope shows to
 instructors only.
+
+Given a folder of submissions and ``--out`` (batch.py), it grades a whole class: per-student
+results.json, gradebook.csv and summary.md; exit status 1 if the grader failed on any student
+(the others are kept; rerun the same command to retry them), 130 when interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
+import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -16,12 +22,18 @@ from pathlib import Path
 from . import __version__
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "grading.yaml"
+# 130, as a shell reports Ctrl-C. Not a literal: Hypothesis draws examples from the int literals of
+# the grader's modules (see batch._examples_as_alone), and a new one would change every grading's.
+EXIT_INTERRUPTED = 2 ** 7 + signal.SIGINT
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ppo-grade", description="Grade a PPO exercises submission (one .py file).")
-    p.add_argument("submission", type=Path, help="the student's exercises.py")
-    p.add_argument("--results", type=Path, default=Path("results.json"), help="where to write Gradescope's results.json")
+    p = argparse.ArgumentParser(prog="ppo-grade", description="Grade a PPO exercises submission (one .py file), "
+                                "or a class: a folder of submissions with --out.")
+    p.add_argument("submission", type=Path,
+                   help="the student's exercises.py, or a folder with one NAME.py or NAME/exercises.py per student")
+    p.add_argument("--results", type=Path, default=None,
+                   help="where to write Gradescope's results.json (default: results.json)")
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="grading.yaml (default: the packaged one)")
     p.add_argument("--submission-folder", type=Path, default=None,
                    help="the folder the submission must lie in once links are resolved (default: its own folder)")
@@ -30,11 +42,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--with-training", action="store_true", help="add the CPU learning check (exercise 0)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.add_argument("--version", action="version", version=f"ppo-grade {__version__}")
+    batch = p.add_argument_group("a class (SUBMISSION is a folder)")
+    batch.add_argument("--out", type=Path, default=None,
+                       help="the gradebook folder: results/<student>.json, gradebook.csv, summary.md")
+    batch.add_argument("--jobs", type=int, default=None, metavar="N",
+                       help="grading processes, each with its own sandbox (default: the number of cores)")
+    batch.add_argument("--restart", action="store_true",
+                       help="grade everyone again (default: skip students graded from their present files)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if _is_class(args, parser):
+        return _main_class(args)
+    args.results = args.results or Path("results.json")
     # imports here so that --help and usage errors answer fast
     from . import config, grade, report, submission
     from .exercises import CHECK_IDS
@@ -63,6 +86,113 @@ def main(argv: list[str] | None = None) -> int:
     print(report.summary(result) if args.quiet else report.terminal(result))
     report.write_json_atomic(report.to_gradescope(result), args.results)
     return 0
+
+
+def _is_class(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bool:
+    """A folder of submissions (a class) rather than one file. A folder given with --results or
+    --submission-folder is one student's unreadable upload: graded 0 as before."""
+    folder = args.submission.is_dir() and not args.submission.is_symlink()
+    single = args.results is not None or args.submission_folder is not None
+    if args.out is None and (single or not folder):
+        if args.jobs is not None or args.restart:
+            parser.error("--jobs and --restart grade a class: give a folder of submissions and --out")
+        return False
+    if single:
+        parser.error("--results and --submission-folder grade one file; a class takes --out")
+    if not folder:
+        parser.error(f"--out grades a class: {args.submission} is not a folder of submissions")
+    if args.out is None:
+        parser.error(f"{args.submission} is a folder: give --out DIR for the class's gradebook")
+    if args.jobs is not None and args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    return True
+
+
+def _main_class(args: argparse.Namespace) -> int:
+    from . import batch, config
+    from .exercises import CHECK_IDS
+    from .sandbox import GraderFailure
+
+    try:
+        cfg = config.load(args.config, CHECK_IDS)
+    except config.ConfigError as err:
+        print(f"ppo-grade: the grader failed: {err}", file=sys.stderr)
+        return 1
+    options = batch.Options(args.submission, args.out, args.config, args.jobs,
+                            tuple(args.exercise) if args.exercise else None, args.with_training, args.restart)
+    progress = _Progress()
+    try:
+        result = batch.grade_class(options, cfg, progress)
+    except KeyboardInterrupt:
+        progress.close()
+        print(f"ppo-grade: interrupted after {progress.finished} students; what they got is kept in {args.out}: "
+              "rerun the same command to grade the rest", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (batch.BatchError, GraderFailure) as err:
+        progress.close()
+        print(f"ppo-grade: {err}", file=sys.stderr)
+        return 1
+    progress.close()
+    print(_class_report(result, batch, args.quiet))
+    return result.exit_code
+
+
+class _Progress:
+    """A tqdm bar on stderr; grader failures and the grader's log lines above it, each once."""
+
+    def __init__(self):
+        self.bar, self.seen, self.finished = None, set(), 0
+
+    def start(self, total: int, kept: int, jobs: int, notes: list[str]) -> None:
+        from tqdm import tqdm
+
+        for note in notes:
+            print(f"ppo-grade: {note}", file=sys.stderr)
+        if kept:
+            print(f"ppo-grade: {kept} students unchanged since the last run are kept (--restart grades them again)",
+                  file=sys.stderr)
+        if total:
+            self.bar = tqdm(total=total, desc=f"grading ({jobs} at a time)", unit="student", file=sys.stderr,
+                            dynamic_ncols=True)
+
+    def done(self, outcome) -> None:
+        self.finished += 1
+        lines = []
+        if outcome.failed:
+            lines.append(f"the grader failed on {outcome.student}: {outcome.status.split(': ', 1)[-1]}")
+        elif outcome.status == "graded":  # a refused file's log is its reason, listed in the summary
+            lines += [line for line in outcome.log if line not in self.seen]
+            self.seen.update(outcome.log)
+        for line in lines:
+            (self.bar.write if self.bar else print)(f"ppo-grade: {line}", file=sys.stderr)
+        if self.bar:
+            shown = f"{outcome.score:g}/{outcome.max_score:g}" if outcome.score is not None else outcome.status[:40]
+            self.bar.set_postfix_str(f"{outcome.student}: {shown}", refresh=False)
+            self.bar.update()
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.close()
+            self.bar = None
+
+
+def _class_report(result, batch, quiet: bool) -> str:
+    rows = result.gradebook.rows
+    scored = [r.total for r in rows if r.total is not None]
+    counts = {k: sum(r.status.startswith(k) for r in rows) for k in (batch.GRADED, batch.REFUSED, batch.FAILED)}
+    lines = [f"{len(rows)} students: {counts[batch.GRADED]} graded, {counts[batch.REFUSED]} refused, "
+             f"{counts[batch.FAILED]} grader failed ({len(result.graded_now) + len(result.failed)} this run"
+             + (f", {result.jobs} at a time in sandbox {result.strategy}" if result.jobs else "")
+             + f"; {len(result.kept)} kept from an earlier run)"]
+    if scored:
+        out_of = max(r.max_score for r in rows if r.max_score is not None)
+        lines.append(f"total: mean {sum(scored) / len(scored):.2f}, median {statistics.median(scored):g} (out of {out_of:g})")
+    if not quiet:
+        lines += [f"gradebook: {result.csv_path}", f"summary:   {result.summary_path}",
+                  f"results:   {result.csv_path.parent / batch.RESULTS}/<student>.json"]
+    if counts[batch.FAILED]:
+        lines.append(f"the grader failed on {counts[batch.FAILED]} students (see the summary): rerun to retry them")
+    return "\n".join(lines)
 
 
 def _grader_failed(message: str, extra: dict, results: Path, report) -> int:

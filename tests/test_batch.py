@@ -1,0 +1,416 @@
+"""Grading a class: ``ppo-grade FOLDER --out DIR`` (autograder/batch.py).
+
+The class run grades every exercise of a corpus class with few examples per check (a copy of
+grading.yaml written to a file, since the CLI reads --config), in two processes; every CSV row
+and results file must equal what a single grading of that student gives under the same config.
+Failures of the grader are tested in-process with a fake ``grade``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+import corpus
+from autograder import batch, cli, config, report, submission
+from autograder.exercises import CHECK_IDS, CHECKS
+from autograder.grade import GradingResult, nothing_to_grade
+from autograder.sandbox import GraderFailure
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIG = ROOT / "grading.yaml"
+SOLUTION = ROOT / "solutions" / "exercises.py"
+BLANK = ROOT / "assignment" / "exercises.py"
+QUICK_EXAMPLES = 3  # the batch machinery is under test here, not the checks: few examples each
+
+MUTANTS = ["policy_sign_flipped", "policy_clipfrac_ge", "value_missing_half", "value_no_clipping",
+           "entropy_sign_flipped", "entropy_no_upcast", "gae_forward_loop", "gae_no_whitening",
+           "update_no_temperature", "update_zero_grad_first"]
+ALTERNATIVES = ["alt_vectorized_gae", "alt_categorical_entropy", "alt_where_masking", "alt_log_softmax_gather"]
+REFUSED = {"eve": "symbolic link", "frank": "holds no .py file", "gina": "holds 2 .py files", "hal": "not UTF-8",
+           "ivan": "symbolic link"}
+
+
+def quick_config(folder: Path) -> Path:
+    raw = OmegaConf.load(CONFIG)
+    for checks in raw.exercises.values():
+        for check in checks.values():
+            check.examples = min(check.examples, QUICK_EXAMPLES)
+    raw.hypothesis.shrink_calls = 10
+    raw.worker.call_timeout_s = 4
+    path = folder / "quick.yaml"
+    OmegaConf.save(raw, path)
+    return path
+
+
+def run_cli(*args, timeout=15 * 60):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "autograder", *map(str, args)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+def make_class(folder: Path) -> dict[str, tuple[Path, Path]]:
+    """A class of 23: corpus files, a student folder, and five uploads that must be refused.
+    Returns, for each student with a file, (the file, the folder it must lie in)."""
+    folder.mkdir()
+    files = {name: corpus.render(corpus.by_name(name)) for name in MUTANTS + ALTERNATIVES}
+    files |= {"solution": SOLUTION.read_text(), "blank": BLANK.read_text()}
+    paths = {}
+    for sid, text in files.items():
+        (folder / f"{sid}.py").write_text(text)
+        paths[sid] = (folder / f"{sid}.py", folder)
+    for sid, name, text in [("bob", "exercises.py", corpus.render(corpus.by_name("gae_no_next_mask"))),
+                            ("carol", "my_ppo.py", SOLUTION.read_text())]:  # a folder holding one .py file
+        (folder / sid).mkdir()
+        (folder / sid / name).write_text(text)
+        paths[sid] = (folder / sid / name, folder / sid)
+    (folder / "eve.py").symlink_to(SOLUTION)
+    (folder / "frank").mkdir()
+    (folder / "gina").mkdir()
+    (folder / "gina" / "a.py").write_text(SOLUTION.read_text())
+    (folder / "gina" / "b.py").write_text(SOLUTION.read_text())
+    (folder / "hal.py").write_bytes(b"\xff\xfe junk")
+    (folder / "ivan").mkdir()
+    (folder / "ivan" / "exercises.py").symlink_to(SOLUTION)  # a link out of the student's folder
+    (folder / "notes.txt").write_text("not a student\n")
+    paths |= {"eve": (folder / "eve.py", folder), "hal": (folder / "hal.py", folder),
+              "ivan": (folder / "ivan" / "exercises.py", folder / "ivan")}
+    return paths
+
+
+@dataclasses.dataclass
+class ClassRun:
+    submissions: Path
+    out: Path
+    config: Path
+    paths: dict[str, tuple[Path, Path]]
+    proc: subprocess.CompletedProcess
+    seconds: float
+
+
+@pytest.fixture(scope="module")
+def graded_class(tmp_path_factory) -> ClassRun:
+    base = tmp_path_factory.mktemp("class")
+    quick = quick_config(base)
+    paths = make_class(base / "submissions")
+    started = time.monotonic()
+    proc = run_cli(base / "submissions", "--out", base / "gradebook", "--jobs", 2, "--config", quick)
+    return ClassRun(base / "submissions", base / "gradebook", quick, paths, proc, time.monotonic() - started)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def without_time(data: dict) -> dict:
+    return {k: v for k, v in data.items() if k != "execution_time"}
+
+
+# ---- a class, against single gradings ---------------------------------------------------------------
+
+# Single gradings as `ppo-grade FILE` makes them: in a process that has imported autograder.cli and
+# no test module. Hypothesis draws some examples from the literals of the local modules imported
+# (see batch._examples_as_alone), so a grading inside pytest would meet other examples. `-c`: the
+# script itself is no module. One sandbox serves them all, as in tests/test_grader.py.
+SINGLE_GRADINGS = """
+import json, sys
+from pathlib import Path
+import autograder.cli
+from autograder import config, report, submission
+from autograder.exercises import CHECK_IDS
+from autograder.grade import grade, nothing_to_grade, open_sandbox
+config_path, out, students = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+cfg = config.load(config_path, CHECK_IDS)
+with open_sandbox(cfg, config_path) as sandbox:
+    for sid, path, folder in students:
+        try:
+            result = grade(submission.read(Path(path), Path(folder)), cfg, config_path, sandbox=sandbox)
+        except submission.Refused as err:
+            result = nothing_to_grade(cfg, str(err))
+        report.write_json_atomic(report.to_gradescope(result), out / (sid + ".json"))
+"""
+
+
+def single_gradings(run: ClassRun, out: Path) -> dict[str, dict]:
+    students = [(sid, str(path), str(folder)) for sid, (path, folder) in sorted(run.paths.items())]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", SINGLE_GRADINGS, run.config, out, json.dumps(students)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=15 * 60)
+    assert proc.returncode == 0, proc.stderr
+    return {sid: json.loads((out / f"{sid}.json").read_text()) for sid, _, _ in students}
+
+
+@pytest.mark.slow
+def test_every_row_and_results_file_equals_a_single_grading(graded_class, tmp_path):
+    run = graded_class
+    assert run.proc.returncode == 0, run.proc.stderr
+    rows = read_csv(run.out / "gradebook.csv")
+    expected_ids = sorted(set(run.paths) | set(REFUSED))
+    assert [r["student"] for r in rows] == expected_ids and len(rows) >= 20
+    singles = single_gradings(run, tmp_path)
+    cfg = config.load(run.config, CHECK_IDS)
+    for sid in ("frank", "gina"):  # the layout is wrong: no file to hand to submission.read
+        status = rows[expected_ids.index(sid)]["status"]
+        assert REFUSED[sid] in status
+        singles[sid] = report.to_gradescope(nothing_to_grade(cfg, status.split(": ", 1)[1]))
+    for row in rows:
+        sid, expected = row["student"], singles[row["student"]]
+        actual = json.loads((run.out / "results" / f"{sid}.json").read_text())
+        assert without_time(actual) == without_time(expected), sid
+        for test in expected["tests"]:
+            column = f"{test['extra_data']['exercise']}/{test['extra_data']['check']}"
+            assert float(row[column]) == test["score"], (sid, column)
+        assert float(row["total"]) == expected["score"], sid
+        assert float(row["max"]) == sum(t["max_score"] for t in expected["tests"]), sid
+        for n in CHECKS:
+            assert float(row[f"ex{n}"]) == sum(t["score"] for t in expected["tests"]
+                                               if t["extra_data"]["exercise"] == n), (sid, n)
+    assert rows[expected_ids.index("solution")]["total"] == "100"
+    # and the real thing, once: ppo-grade FILE in its own process
+    path, folder = run.paths["gae_forward_loop"]
+    alone = run_cli(path, "--results", tmp_path / "alone.json", "--config", run.config, "--quiet")
+    assert alone.returncode == 0, alone.stderr
+    assert without_time(json.loads((tmp_path / "alone.json").read_text())) == \
+        without_time(json.loads((run.out / "results" / "gae_forward_loop.json").read_text()))
+
+
+@pytest.mark.slow
+def test_statuses_summary_and_exit_status(graded_class):
+    run = graded_class
+    assert run.proc.returncode == 0
+    rows = {r["student"]: r for r in read_csv(run.out / "gradebook.csv")}
+    for sid, reason in REFUSED.items():
+        assert rows[sid]["status"].startswith("refused: ") and reason in rows[sid]["status"], rows[sid]
+        assert rows[sid]["total"] == "0"
+    assert all(r["status"] == "graded" for sid, r in rows.items() if sid not in REFUSED)
+    summary = (run.out / "summary.md").read_text()
+    assert "- Students: 23 (graded 18, refused 5, grader failed 0)" in summary
+    assert "## Most-failed checks (of the 18 graded submissions)" in summary
+    checks = [c for c in next(iter(rows.values())) if "/" in c]  # every check has points: failed = 0
+    counts = {c: sum(r[c] == "0" for sid, r in rows.items() if sid not in REFUSED) for c in checks}
+    worst = sorted((c for c in checks if counts[c]), key=lambda c: -counts[c])[:batch.MOST_FAILED]
+    table = summary.split("## Most-failed checks")[1].split("##")[0]
+    assert [f"| {c} | {counts[c]} |" for c in worst] == [line for line in table.splitlines() if line[:3] in
+                                                         {f"| {n}" for n in range(6)}]
+    assert counts[worst[0]] >= 3  # the blank and at least two mutants
+    assert "notes.txt" in summary and "Grader failures" not in summary
+    assert "grading (2 at a time)" in run.proc.stderr  # the progress bar
+    assert "23 students: 18 graded, 5 refused, 0 grader failed" in run.proc.stdout
+
+
+@pytest.mark.slow
+def test_a_rerun_grades_nobody_and_a_touched_submission_alone_is_regraded(graded_class):
+    run = graded_class
+    results = sorted((run.out / "results").glob("*.json"))
+    before = {p.name: p.stat().st_mtime_ns for p in results}
+    gradebook = (run.out / "gradebook.csv").read_text()
+    args = (run.submissions, "--out", run.out, "--jobs", 2, "--config", run.config)
+    started = time.monotonic()
+    again = run_cli(*args)
+    assert again.returncode == 0 and "(0 this run; 23 kept from an earlier run)" in again.stdout, again.stdout
+    assert time.monotonic() - started < 30  # no grading process, no sandbox
+    assert {p.name: p.stat().st_mtime_ns for p in results} == before
+    assert (run.out / "gradebook.csv").read_text() == gradebook
+
+    os.utime(run.paths["bob"][0])  # touch
+    touched = run_cli(*args)
+    assert touched.returncode == 0 and "(1 this run" in touched.stdout, touched.stdout
+    changed = {p.name for p in results if p.stat().st_mtime_ns != before[p.name]}
+    assert changed == {"bob.json"}
+    assert (run.out / "gradebook.csv").read_text() == gradebook
+
+
+@pytest.mark.slow
+def test_restart_or_another_selection_grades_everyone_again(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "ann.py").write_text(SOLUTION.read_text())
+    (subs / "ben.py").write_text(corpus.render(corpus.by_name("gae_no_whitening")))
+    args = [subs, "--out", tmp_path / "out", "--exercise", 4, "--jobs", 1, "--config", quick_config(tmp_path)]
+    for extra, this_run in [((), 2), ((), 0), (("--restart",), 2), (("--exercise", 3), 2), (("--exercise", 3), 0)]:
+        proc = run_cli(*args, *extra)
+        assert proc.returncode == 0 and f"({this_run} this run" in proc.stdout, (extra, proc.stdout, proc.stderr)
+    header = read_csv(tmp_path / "out" / "gradebook.csv")[0].keys()
+    assert "ex3" in header and "4/advantages" in header and "ex1" not in header
+
+
+@pytest.mark.slow
+def test_each_sandbox_hides_the_class_and_earlier_submissions(tmp_path):
+    """A submission must not read its classmates' code (the submissions folder, the other processes'
+    stages, the earlier students' staged files) nor the gradebook, then raise it into its feedback."""
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs.mkdir()
+    for i in range(3):
+        (subs / f"s{i}.py").write_text(SOLUTION.read_text() + f"\nSECRET_OF_S{i} = 1\n")
+    (subs / "z_probe.py").write_text(f"""
+import glob
+found = []
+for pattern in ("{subs}/*", "{out}/*", "{out}/results/*", "/tmp/ppo-batch-*/slot-*/*/submission-*/*"):
+    for path in glob.glob(pattern):
+        try:
+            found.append(path + ": " + open(path).read())
+        except OSError as err:
+            found.append(path + ": " + type(err).__name__)
+raise RuntimeError(" | ".join(found))
+""")
+    proc = run_cli(subs, "--out", out, "--exercise", 4, "--jobs", 2, "--config", quick_config(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    probe = json.loads((out / "results" / "z_probe.json").read_text())
+    feedback = "\n".join(t["output"] for t in probe["tests"])
+    assert "raised RuntimeError" in feedback and "SECRET_OF_S" not in feedback, feedback
+    assert "s0.py" not in feedback and "gradebook.csv" not in feedback and "s0.json" not in feedback, feedback
+
+
+# ---- the grader's own failures ------------------------------------------------------------------------
+
+def fake_grade(broken: set[str], graded: list[str]):
+    """A stand-in for grade.grade: full marks, or a failure of the grader's own for texts in ``broken``."""
+
+    def run(source, cfg, config_path, with_training=False, exercises=None, sandbox=None):
+        graded.append(source.strip())
+        if source.strip() in broken and source.startswith("fork"):
+            raise GraderFailure("starting the fork server (importing torch) took longer than 60 s")
+        if source.strip() in broken:
+            raise KeyError("a bug of the grader's own")
+        checks = [dataclasses.replace(c, score=c.max_score, feedback="", passed=True)
+                  for c in nothing_to_grade(cfg, "").checks]
+        return GradingResult(checks, {"sandbox": "fake"}, 0.0)
+
+    return run
+
+
+def in_process(grade_fn):
+    def run_pool(todo, setup, jobs, on_done):
+        for student in todo:
+            on_done(batch.grade_student(student, setup, grade_fn=grade_fn))
+    return run_pool
+
+
+def test_grader_failures_are_recorded_exit_1_and_the_others_are_kept(tmp_path, monkeypatch, capsys):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs.mkdir()
+    for sid in ("alice", "fork", "keyerror"):
+        (subs / f"{sid}.py").write_text(sid + "\n")
+    broken, graded = {"fork", "keyerror"}, []
+    monkeypatch.setattr(batch, "run_pool", in_process(fake_grade(broken, graded)))
+    args = [str(subs), "--out", str(out)]
+    assert cli.main(args) == 1
+    rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
+    assert rows["alice"]["status"] == "graded" and rows["alice"]["total"] == "100"
+    assert rows["fork"]["status"] == "grader failed: starting the fork server (importing torch) took longer than 60 s"
+    assert rows["keyerror"]["status"] == "grader failed: KeyError: \"a bug of the grader's own\""
+    assert rows["fork"]["total"] == "" and rows["fork"]["1/loss"] == ""
+    assert sorted(p.name for p in (out / "results").iterdir()) == ["alice.json"]
+    assert "Traceback" in json.loads((out / "grader-failures" / "keyerror.json").read_text())["details"]
+    summary = (out / "summary.md").read_text()
+    assert "## Grader failures" in summary and "- fork: starting the fork server" in summary
+    captured = capsys.readouterr()
+    assert "the grader failed on fork" in captured.err and "rerun to retry" in captured.out
+
+    broken.clear()  # the grader is mended: the rerun retries the two, and only them
+    graded.clear()
+    assert cli.main(args) == 0
+    assert sorted(graded) == ["fork", "keyerror"] and not (out / "grader-failures" / "fork.json").exists()
+    assert all(r["status"] == "graded" for r in read_csv(out / "gradebook.csv"))
+
+
+def test_a_failure_removes_a_stale_result_so_that_the_next_run_retries(tmp_path):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs.mkdir()
+    (subs / "alice.py").write_text("alice\n")
+    student = batch.discover(subs).students[0]
+    setup = batch.Setup(config.load(CONFIG, CHECK_IDS), CONFIG, out, None, False)
+    first = batch.grade_student(student, setup, grade_fn=fake_grade(set(), []))
+    assert first.status == "graded" and batch.read_results(out, "alice") is not None
+    failed = batch.grade_student(student, setup, grade_fn=fake_grade({"alice"}, []))
+    assert failed.failed and batch.read_results(out, "alice") is None
+    row = batch.row_for(out, "alice", batch.columns(None, False)[1])
+    assert row.status == failed.status and row.total is None
+
+
+class _DiesOnArrival(batch.Student):
+    """Unpickling it in the grading process ends that process (a crash of the grader's own)."""
+
+    def __reduce__(self):
+        return os._exit, (3,)
+
+
+def test_a_grading_process_that_dies_costs_only_its_student(tmp_path):
+    out = tmp_path / "out"
+    (out / "results").mkdir(parents=True)
+    setup = batch.Setup(config.load(CONFIG, CHECK_IDS), CONFIG, out, None, False, slots=(tmp_path,))
+    todo = [_DiesOnArrival("crash", None, tmp_path, "x"), batch.Student("zoe", None, tmp_path, "an empty folder")]
+    outcomes = []
+    batch.run_pool(todo, setup, 1, outcomes.append)
+    assert [o.student for o in outcomes] == ["crash", "zoe"]
+    assert outcomes[0].status == "grader failed: the grading process died (exit status 3)"
+    assert outcomes[1].status == "refused: an empty folder"
+
+
+# ---- layouts and usage ----------------------------------------------------------------------------
+
+def test_layouts(tmp_path):
+    root = tmp_path / "subs"
+    root.mkdir()
+    (root / "a.py").write_text("x")
+    (root / "b").mkdir()
+    (root / "b" / "exercises.py").write_text("x")
+    (root / "b" / "helpers.py").write_text("x")  # exercises.py is the one graded
+    (root / "c").mkdir()
+    (root / "c" / "one.py").write_text("x")
+    (root / "d").mkdir()
+    (root / "e.py").write_text("x")
+    (root / "e").mkdir()  # two submissions for e
+    (root / "f").symlink_to(root / "c")
+    (root / ".hidden.py").write_text("x")
+    (root / "README.txt").write_text("x")
+    (root / "out").mkdir()
+    found = batch.discover(root, skip=(root / "out",))
+    by_id = {s.id: s for s in found.students}
+    assert list(by_id) == ["a", "b", "c", "d", "e", "f"] and found.ignored == ["README.txt"]
+    assert by_id["a"].path == root / "a.py" and by_id["a"].folder == root
+    assert by_id["b"].path == root / "b" / "exercises.py" and by_id["b"].folder == root / "b"
+    assert by_id["c"].path == root / "c" / "one.py"
+    assert by_id["d"].path is None and "no .py file" in by_id["d"].problem
+    assert by_id["e"].path is None and "two submissions" in by_id["e"].problem
+    with pytest.raises(submission.Refused, match="symbolic link"):
+        submission.read(by_id["f"].path, by_id["f"].folder)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["{subs}"], "give --out DIR"),
+    (["{file}", "--out", "{out}"], "is not a folder of submissions"),
+    (["{subs}", "--out", "{out}", "--results", "r.json"], "a class takes --out"),
+    (["{file}", "--jobs", "2"], "grade a class"),
+    (["{subs}", "--out", "{out}", "--jobs", "0"], "at least 1"),
+])
+def test_usage_errors(tmp_path, capsys, args, message):
+    (tmp_path / "subs").mkdir()
+    (tmp_path / "a.py").write_text("x")
+    values = {"subs": tmp_path / "subs", "file": tmp_path / "a.py", "out": tmp_path / "out"}
+    with pytest.raises(SystemExit) as exit:
+        cli.main([a.format(**values) for a in args])
+    assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_one_run_at_a_time_per_out_folder(tmp_path):
+    import fcntl
+
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs.mkdir()
+    (subs / "alice.py").write_text("x\n")
+    out.mkdir()
+    with open(out / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(batch.BatchError, match="another ppo-grade is grading into"):
+            batch.grade_class(batch.Options(subs, out, CONFIG), config.load(CONFIG, CHECK_IDS))
