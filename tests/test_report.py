@@ -3,6 +3,7 @@ every headline figure of summary.json is recomputed here from the per-problem fi
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def test_summary_is_recomputable_from_the_per_problem_files(reported):
     bundle = reported[1].parent / "tiny"
     summary = json.loads((bundle / "summary.json").read_text())
     before, after = read_jsonl(bundle / "eval_before.jsonl"), read_jsonl(bundle / "eval_after.jsonl")
-    assert len(before) == len(after) == summary["n"] == 6
+    assert len(before) == len(after) == summary["n"] == summary["n_planned"] == 6
     for old, new in zip(before, after):
         assert RECORD_FIELDS <= set(old) and RECORD_FIELDS <= set(new) and old["question"] == new["question"]
         for record in (old, new):  # the answer is the reward's extraction, and correct means equal to the reference
@@ -74,6 +75,7 @@ def test_summary_is_recomputable_from_the_per_problem_files(reported):
     rewards = [m["rollout/reward_mean"] for m in read_jsonl(bundle / "metrics.jsonl")]
     assert summary["reward_first10"] == pytest.approx(sum(rewards[:10]) / len(rewards[:10]))
     assert summary["response_length_after"] == pytest.approx(sum(r["length"] for r in after) / 6)
+    assert summary["finished_rate_after"] == sum(r["finished"] for r in after) / 6
 
 
 def test_killed_invocations_are_named_and_summed_as_far_as_known():
@@ -88,3 +90,21 @@ def test_killed_invocations_are_named_and_summed_as_far_as_known():
     times = _wall_time([old_kill, new_kill, done], staging_seconds=None)
     assert (times["wall"], times["training"], times["evaluation"], times["other"]) == (400.0, 310.0, 70.0, 20.0)
     assert times["invocations_without_time"] == 1 and times["staging"] is None
+
+
+def test_an_unfinished_final_evaluation_is_paired_on_the_problems_it_reached(reported, tmp_path):
+    """A run stopped inside its last evaluation, never resumed: its records file holds the first
+    problems only; the report compares those problems before and after, and says so."""
+    run = tmp_path / "run"
+    shutil.copytree(reported[0], run)
+    evals = read_jsonl(run / "eval.jsonl")
+    (run / "eval.jsonl").write_text(json.dumps(evals[0]) + "\n")  # the last evaluation never finished
+    after_file = run / "eval_samples" / f"step_{evals[-1]['step']}.jsonl"
+    after_file.write_text("".join(line + "\n" for line in after_file.read_text().splitlines()[:4]))
+    out = tmp_path / "partial.md"
+    assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
+    summary = json.loads((tmp_path / "partial" / "summary.json").read_text())
+    before = read_jsonl(tmp_path / "partial" / "eval_before.jsonl")[:4]
+    assert (summary["n"], summary["n_planned"]) == (4, 6)
+    assert summary["accuracy_before"] == sum(r["correct"] for r in before) / 4
+    assert "the first 4 of 6 test problems" in out.read_text()

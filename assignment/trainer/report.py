@@ -24,7 +24,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from assignment.trainer.runlog import EVALS, METRICS, REWARD_WINDOW, eval_records_path, plot_run, read_jsonl
+from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, REWARD_WINDOW, eval_step_of, eval_records_path, plot_run,
+                                       read_jsonl)
 from assignment.trainer.stats import mcnemar_exact
 
 TRAINING_KEYS = ["rollout/reward_mean", "rollout/correct_rate", "rollout/format_rate", "rollout/response_length",
@@ -42,13 +43,24 @@ def _block(text: str) -> str:
     return "```\n" + text.strip().replace("```", "'''") + "\n```"
 
 
-def eval_pair(run_dir: Path) -> tuple[list[dict], list[dict], int, int]:
-    """The per-problem records of the first and the last finished evaluation, and their steps."""
+def eval_pair(run_dir: Path) -> tuple[list[dict], list[dict], int, int, int]:
+    """The per-problem records of the first finished evaluation and of the last evaluation, their
+    steps, and how many problems the first one holds.
+
+    The last evaluation may be unfinished (its invocation was stopped inside it and never
+    resumed): its records file then holds the problems it reached, in order, and both lists are cut
+    to those problems, so the pairs stay the same problems before and after."""
     steps = [e["step"] for e in read_jsonl(run_dir / EVALS)]
-    if len(steps) < 2:
-        raise FileNotFoundError(f"{run_dir} has fewer than two finished evaluations in {EVALS}")
-    before, after = (read_jsonl(eval_records_path(run_dir, step)) for step in (steps[0], steps[-1]))
-    return before, after, steps[0], steps[-1]
+    if not steps:
+        raise FileNotFoundError(f"{run_dir} has no finished evaluation in {EVALS}")
+    last = max((eval_step_of(p) for p in (run_dir / EVAL_RECORDS).glob("step_*.jsonl")), default=steps[-1])
+    if last <= steps[0]:
+        raise FileNotFoundError(f"{run_dir} has no evaluation after step {steps[0]}")
+    before, after = (read_jsonl(eval_records_path(run_dir, step)) for step in (steps[0], last))
+    planned = len(before)
+    if [r["question"] for r in after] != [r["question"] for r in before[:len(after)]]:
+        raise ValueError(f"{run_dir}: the evaluations at steps {steps[0]} and {last} are not the same problems")
+    return before[:len(after)], after, steps[0], last, planned
 
 
 def _eval_figures(records: list[dict]) -> dict[str, Any]:
@@ -57,6 +69,9 @@ def _eval_figures(records: list[dict]) -> dict[str, Any]:
     return {"accuracy": sum(bool(r["correct"]) for r in records) / n,
             "answer_rate": sum(r["answer"] is not None for r in records) / n,
             "boxed_rate": markers.count("boxed") / n,
+            # an answer cut by the token limit has usually not been given yet: tells a model that
+            # got worse at arithmetic from one that got wordier
+            "finished_rate": sum(bool(r["finished"]) for r in records) / n,
             "response_length": sum(r["length"] for r in records) / n if all("length" in r for r in records) else None}
 
 
@@ -79,18 +94,19 @@ def summarize(run_dir: Path, staging_seconds: float | None = None) -> dict[str, 
     if not metrics:
         raise FileNotFoundError(f"{run_dir} has no {METRICS}: not a run")
     cfg = load_config(run_dir / "config.yaml")
-    before, after, step_before, step_after = eval_pair(run_dir)
+    before, after, step_before, step_after, planned = eval_pair(run_dir)
     test = mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after])
     fig_before, fig_after = _eval_figures(before), _eval_figures(after)
     first, last = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
     seconds = _wall_time(runs, staging_seconds)
     return {
-        "card": " / ".join(dict.fromkeys(r["device"] for r in runs)), "n": test.n,
+        "card": " / ".join(dict.fromkeys(r["device"] for r in runs)), "n": test.n, "n_planned": planned,
         "steps": len(metrics), "eval_steps": [step_before, step_after],
         "accuracy_before": fig_before["accuracy"], "accuracy_after": fig_after["accuracy"],
         "improved": test.c, "regressed": test.b, "mcnemar_p": test.p_value,
         "answer_rate_before": fig_before["answer_rate"], "answer_rate_after": fig_after["answer_rate"],
         "boxed_rate_before": fig_before["boxed_rate"], "boxed_rate_after": fig_after["boxed_rate"],
+        "finished_rate_before": fig_before["finished_rate"], "finished_rate_after": fig_after["finished_rate"],
         "response_length_before": fig_before["response_length"], "response_length_after": fig_after["response_length"],
         "reward_first10": _mean(first, "rollout/reward_mean"), "reward_last10": _mean(last, "rollout/reward_mean"),
         "correct_rate_first10": _mean(first, "rollout/correct_rate"), "correct_rate_last10": _mean(last, "rollout/correct_rate"),
@@ -133,9 +149,10 @@ def _headline(summary: dict, run_dir: Path) -> list[str]:
     return [f"# PPO run report: {run_dir.name}", "", f"**Card: {s['card']}.** Every figure below is computed from the "
             "files of the folder beside this report (`summary.json` lists them).", "",
             "| figure | value |", "|---|---|",
-            f"| greedy accuracy, {s['n']} test problems | {s['accuracy_before']:.4f} -> {s['accuracy_after']:.4f} "
+            f"| greedy accuracy, {_problems(s)} | {s['accuracy_before']:.4f} -> {s['accuracy_after']:.4f} "
             f"({s['improved']} improved, {s['regressed']} regressed; exact McNemar p = {s['mcnemar_p']:.3g}) |",
             f"| answer rate ({s['answer_format']}) | {s['answer_rate_before']:.4f} -> {s['answer_rate_after']:.4f} |",
+            f"| greedy responses ended before the token limit | {s['finished_rate_before']:.4f} -> {s['finished_rate_after']:.4f} |",
             f"| greedy response length (tokens) | {_num(s['response_length_before'])} -> {_num(s['response_length_after'])} |",
             f"| training reward, first / last {REWARD_WINDOW} steps | {s['reward_first10']:.4f} -> {s['reward_last10']:.4f} |",
             f"| KL to the reference (nats/sequence), last step / max | {s['kl_final']:.2f} / {s['kl_max']:.2f}; {target}, "
@@ -143,6 +160,13 @@ def _headline(summary: dict, run_dir: Path) -> list[str]:
             f"| updates stopped early (target_kl) / skipped (no reward spread) | {s['early_stops']} / {s['skipped_updates']} of {s['steps']} |",
             f"| wall time | staging {staging}; training {t['training']:.0f} s; evaluation {t['evaluation']:.0f} s; "
             f"other (loading, checkpoints) {t['other']:.0f} s; run total {t['wall']:.0f} s{missing} |", ""]
+
+
+def _problems(s: dict) -> str:
+    if s["n"] == s["n_planned"]:
+        return f"{s['n']} test problems"
+    return (f"the first {s['n']} of {s['n_planned']} test problems (the evaluation after training stopped there; "
+            "both columns are over those problems)")
 
 
 def _num(value: float | None, digits: int = 1) -> str:
@@ -215,7 +239,7 @@ def _samples(before: list[dict], after: list[dict], per_kind: int = 2) -> list[s
 def render(run_dir: Path, image_name: str, summary: dict) -> str:
     """The report's Markdown for ``run_dir``; the reward curve is linked as ``image_name``."""
     runs = json.loads((run_dir / "run.json").read_text())
-    before, after, step_before, step_after = eval_pair(run_dir)
+    before, after, step_before, step_after, _ = eval_pair(run_dir)
     lines = _headline(summary, run_dir) + ["## Command and machine", ""]
     lines += [_invocation_line(run) for run in runs] + [""]
     lines += _training_table(read_jsonl(run_dir / METRICS)) + [f"![reward curve]({image_name})", ""]

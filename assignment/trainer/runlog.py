@@ -52,7 +52,7 @@ def eval_records_path(out: Path, step: int) -> Path:
     return out / EVAL_RECORDS / f"step_{step}.jsonl"
 
 
-def _eval_step(path: Path) -> int:
+def eval_step_of(path: Path) -> int:
     return int(path.stem.removeprefix("step_"))
 
 
@@ -110,7 +110,7 @@ class RunLogger:
         for name in (METRICS, EVALS, SAMPLES):
             _truncate(out / name, start_step)
         for path in (out / EVAL_RECORDS).glob("step_*.jsonl"):
-            if _eval_step(path) > start_step:  # from a killed invocation, after its last checkpoint
+            if eval_step_of(path) > start_step:  # from a killed invocation, after its last checkpoint
                 path.unlink()
         self.tb = None
         if cfg.train.tensorboard:
