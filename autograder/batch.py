@@ -53,8 +53,8 @@ from assignment.contract import exercise
 from . import __version__, report, submission
 from .config import GradingConfig
 from .exercises import CHECKS
-from .grade import GradingResult, grade, nothing_to_grade
-from .sandbox import GraderFailure, Limits, Sandbox, check_unreadable, detect_strategy, secret_paths
+from .grade import GradingResult, grade, nothing_to_grade, open_sandbox
+from .sandbox import GraderFailure, Sandbox, check_unreadable, detect_strategy
 
 RESULTS, FAILURES, STATE = "results", "grader-failures", "batch-state.json"
 GRADED, REFUSED, FAILED = "graded", "refused", "grader failed"
@@ -240,24 +240,8 @@ def _unlink(path: Path) -> None:
 def open_private_sandbox(setup: Setup, slot: int) -> Sandbox:
     """grade.open_sandbox, hiding as well what is private to the class: the submissions, the out
     folder and the other grading processes' temporary folders (their stages)."""
-    cfg, w = setup.cfg, setup.cfg.worker
-    strategy = detect_strategy(w.sandbox, w.sandbox_user)
     others = [s for i, s in enumerate(setup.slots) if i != slot]
-    extra = [setup.config_path, *([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []), *setup.private, *others]
-    hide = outermost(secret_paths(extra))
-    if strategy == "user":
-        check_unreadable(hide, w.sandbox_user)
-    return Sandbox(Limits(w.memory_mb, w.start_timeout_s, w.threads, w.nproc), strategy, hide, w.sandbox_user)
-
-
-def outermost(paths: list[Path]) -> list[Path]:
-    """``paths`` without those inside another: a folder hidden first hides what it holds, and a
-    mount on a path inside an already hidden folder would fail."""
-    kept: list[Path] = []
-    for path in sorted(paths):
-        if not any(k == path or k in path.parents for k in kept):
-            kept.append(path)
-    return kept
+    return open_sandbox(setup.cfg, setup.config_path, [*setup.private, *others])
 
 
 class _SandboxHolder:

@@ -120,12 +120,13 @@ def _seed_for(base: int, number: int, check: str) -> int:
     return (base * 1_000_003 + zlib.crc32(f"{number}:{check}".encode())) % 2**32
 
 
-def open_sandbox(cfg: GradingConfig, config_path) -> Sandbox:
-    """A sandbox for ``cfg``: the strongest strategy available, with the project tree hidden.
+def open_sandbox(cfg: GradingConfig, config_path, private: tuple = ()) -> Sandbox:
+    """A sandbox for ``cfg``: the strongest strategy available, with the project tree, grading.yaml,
+    the hidden-seed file and ``private`` (a batch's submissions, its out folder, ...) hidden.
     Raises sandbox.GraderFailure when the user strategy would leave staff files readable."""
     w = cfg.worker
     strategy = detect_strategy(w.sandbox, w.sandbox_user)
-    hide = secret_paths([config_path] + ([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []))
+    hide = secret_paths([config_path, *([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []), *private])
     if strategy == "user":
         check_unreadable(hide, w.sandbox_user)
     return Sandbox(Limits(w.memory_mb, w.start_timeout_s, w.threads, w.nproc), strategy, hide, w.sandbox_user)

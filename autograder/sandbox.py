@@ -105,7 +105,18 @@ def secret_paths(extra: list[Path]) -> list[Path]:
     passed by --config, the hidden-seed file)."""
     prefix = Path(sys.prefix).resolve()
     inside = [p for p in PROJECT_ROOT.iterdir() if not (prefix == p.resolve() or p.resolve() in prefix.parents)]
-    return sorted({p.resolve() for p in inside + [Path(e) for e in extra] if p.exists()})
+    return _outermost({p.resolve() for p in inside + [Path(e) for e in extra] if p.exists()})
+
+
+def _outermost(paths: set[Path]) -> list[Path]:
+    """``paths`` without those inside another, sorted: a hidden folder hides what it holds, and a
+    mount on a path inside an already hidden folder would fail (e.g. --config configs/grading.yaml
+    inside the project tree)."""
+    kept: list[Path] = []
+    for path in sorted(paths):
+        if not any(k == path or k in path.parents for k in kept):
+            kept.append(path)
+    return kept
 
 
 def check_unreadable(paths: list[Path], user: str) -> None:

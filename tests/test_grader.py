@@ -428,3 +428,14 @@ def test_training_check_passes_the_solution_and_fails_a_sign_flip(variant, passe
         # policy (always answering 4, the most frequent sum of two operands in [0, 4])
         after = float(check.feedback.split("greedy accuracy ")[1].split(" -> ")[1].split(";")[0])
         assert after >= 0.35, check.feedback
+
+
+def test_hidden_paths_are_the_outermost_ones():
+    """A --config inside the project tree is hidden with the tree: a second mount inside an
+    already hidden folder would fail under the namespaces strategy."""
+    from autograder.sandbox import PROJECT_ROOT, secret_paths
+
+    nested = PROJECT_ROOT / "configs" / "gsm8k_qwen_coder.yaml"
+    hidden = secret_paths([nested])
+    assert PROJECT_ROOT / "configs" in hidden and nested not in hidden
+    assert not any(a != b and a in b.parents for a in hidden for b in hidden)

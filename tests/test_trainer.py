@@ -2,7 +2,6 @@
 early stop and advantage guard, runs, resume (after a kill and after the time limit), the
 evaluation records, the CLI's clear errors, and GGUF quantization flags."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path

@@ -25,7 +25,7 @@ from assignment.contract import exercise
 from assignment.helpers import masked_mean
 
 from ..cases import DTYPES, Case, mask_as, padding
-from . import Check, all_of, common, fixed
+from . import Check, common, fixed
 
 EXERCISE = exercise(3)
 

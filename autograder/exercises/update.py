@@ -32,7 +32,6 @@ the submission passes them, and round their result to its dtype. Over the n real
 from __future__ import annotations
 
 import copy
-import dataclasses
 import inspect
 import math
 from dataclasses import dataclass
@@ -41,11 +40,11 @@ from types import SimpleNamespace
 import torch
 from hypothesis import strategies as st
 
-from assignment.contract import METRIC_KEYS, exercise
+from assignment.contract import exercise
 from assignment.helpers import logprobs_from_logits
 from solutions import exercises as reference
 
-from ..calls import StudentError, as_float64
+from ..calls import StudentError
 from ..cases import Case, fmt, padding
 from ..compare import U, bound, compare
 from . import Check

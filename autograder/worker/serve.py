@@ -19,7 +19,6 @@ import errno
 import os
 import resource
 import socket
-import sys
 import traceback
 from types import ModuleType, SimpleNamespace
 
