@@ -108,3 +108,30 @@ def test_an_unfinished_final_evaluation_is_paired_on_the_problems_it_reached(rep
     assert (summary["n"], summary["n_planned"]) == (4, 6)
     assert summary["accuracy_before"] == sum(r["correct"] for r in before) / 4
     assert "the first 4 of 6 test problems" in out.read_text()
+
+
+def test_the_reward_curve_marks_each_curriculum_level_change(tmp_path):
+    """A dashed line on both panels at every step whose operand range differs from the step
+    before (the first step on the wider range), labelled on the reward panel; none without a
+    curriculum. Checked on the Axes' artists, not on pixels."""
+    import matplotlib.pyplot as plt
+
+    from assignment.trainer.runlog import METRICS, draw_run, level_changes, plot_run
+
+    levels = [1, 1, 2, 2, 2, 3, 4, 4]
+    metrics = [{"step": step, "rollout/reward_mean": 0.1 * step, "rollout/max_operand": level}
+               for step, level in enumerate(levels, start=1)]
+    (tmp_path / METRICS).write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    logged = read_jsonl(tmp_path / METRICS)
+    assert level_changes(logged) == [(3, 2), (6, 3), (7, 4)]
+    fig = draw_run(logged, [{"step": 0, "eval/accuracy": 0.0, "eval/format_rate": 0.0}])
+    for ax in fig.axes:
+        marks = [line for line in ax.get_lines() if line.get_gid() == "curriculum"]
+        assert [list(line.get_xdata()) for line in marks] == [[3, 3], [6, 6], [7, 7]]
+        assert all(line.get_linestyle() == "--" for line in marks)
+    assert [t.get_text().strip() for t in fig.axes[0].texts] == ["operands 0-2", "operands 0-3", "operands 0-4"]
+    plt.close(fig)
+    no_curriculum = draw_run([{k: v for k, v in m.items() if k != "rollout/max_operand"} for m in metrics], [])
+    assert not any(line.get_gid() == "curriculum" for ax in no_curriculum.axes for line in ax.get_lines())
+    plt.close(no_curriculum)
+    assert plot_run(tmp_path).is_file()
