@@ -14,7 +14,6 @@ after a new measured run and update the table from its output.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
