@@ -108,3 +108,54 @@ def test_an_unfinished_final_evaluation_is_paired_on_the_problems_it_reached(rep
     assert (summary["n"], summary["n_planned"]) == (4, 6)
     assert summary["accuracy_before"] == sum(r["correct"] for r in before) / 4
     assert "the first 4 of 6 test problems" in out.read_text()
+
+
+def test_the_reward_curve_marks_each_curriculum_level_change(tmp_path):
+    """A dashed line on both panels at every step whose operand range differs from the step
+    before (the first step on the wider range), labelled on the reward panel; none without a
+    curriculum. Checked on the Axes' artists, not on pixels."""
+    import matplotlib.pyplot as plt
+
+    from assignment.trainer.runlog import METRICS, draw_run, level_changes, plot_run
+
+    levels = [1, 1, 2, 2, 2, 3, 4, 4]
+    metrics = [{"step": step, "rollout/reward_mean": 0.1 * step, "rollout/max_operand": level}
+               for step, level in enumerate(levels, start=1)]
+    (tmp_path / METRICS).write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    logged = read_jsonl(tmp_path / METRICS)
+    assert level_changes(logged) == [(3, 2), (6, 3), (7, 4)]
+    fig = draw_run(logged, [{"step": 0, "eval/accuracy": 0.0, "eval/format_rate": 0.0}])
+    for ax in fig.axes:
+        marks = [line for line in ax.get_lines() if line.get_gid() == "curriculum"]
+        assert [list(line.get_xdata()) for line in marks] == [[3, 3], [6, 6], [7, 7]]
+        assert all(line.get_linestyle() == "--" for line in marks)
+    assert [t.get_text().strip() for t in fig.axes[0].texts] == ["operands 0-2", "operands 0-3", "operands 0-4"]
+    plt.close(fig)
+    no_curriculum = draw_run([{k: v for k, v in m.items() if k != "rollout/max_operand"} for m in metrics], [])
+    assert not any(line.get_gid() == "curriculum" for ax in no_curriculum.axes for line in ax.get_lines())
+    plt.close(no_curriculum)
+    assert plot_run(tmp_path).is_file()
+
+
+def test_metric_ranges_recomputes_the_handouts_figures(tmp_path):
+    """course/metric_ranges.py, which the handout's section 6 table is computed with: percentiles
+    over the steps, the value at step 1, the share below 0, the critic ratio only where
+    gamma = lam = 1, and the reward around each curriculum change."""
+    from course.metric_ranges import CRITIC_RATIO, ranges, report, with_derived
+
+    metrics = [{"step": s, "stats/approx_kl": kl, "loss/value": 0.02, "rollout/reward_std": 0.2,
+                "rollout/reward_mean": r, "rollout/max_operand": level}
+               for s, kl, r, level in [(1, 0.05, 0.1, 1), (2, -0.01, 0.3, 1), (3, 0.02, 0.2, 2), (4, 0.03, 0.4, 2)]]
+    r = ranges(metrics, "stats/approx_kl")
+    assert r["step1"] == 0.05 and r["median"] == pytest.approx(0.025) and r["below0"] == 0.25
+    assert r["p10"] == pytest.approx(-0.01 + 0.3 * 0.03) and r["above1e-2"] == 0.75  # numpy's linear percentiles
+    assert ranges(metrics, "stats/grad_norm") is None
+    for lam, has_ratio in ((1.0, True), (0.95, False)):
+        (tmp_path / "config.yaml").write_text(f"ppo:\n  gamma: 1.0\n  lam: {lam}\n")
+        derived = with_derived(metrics, tmp_path)
+        assert all((CRITIC_RATIO in m) == has_ratio for m in derived)
+    (tmp_path / "config.yaml").write_text("ppo:\n  gamma: 1.0\n  lam: 1.0\n")
+    assert with_derived(metrics, tmp_path)[0][CRITIC_RATIO] == pytest.approx(0.02 / (0.5 * 0.2 ** 2))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    text = "\n".join(report("tiny", tmp_path))
+    assert "| stats/approx_kl | 0.025 |" in text and "- step 3, operands 0-2: reward 0.200 -> 0.300" in text

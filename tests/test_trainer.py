@@ -2,6 +2,7 @@
 early stop and advantage guard, runs, resume (after a kill and after the time limit), the
 evaluation records, the CLI's clear errors, and GGUF quantization flags."""
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -210,8 +211,52 @@ def test_target_kl_stops_the_update_and_leaves_no_gradient(rollout_setup, approx
     assert len(impl.flags) == ran and impl.steps == optimizer_steps and sched.last_epoch == optimizer_steps
     assert all(p.grad is None for p in policy.parameters())  # nothing carried into the next PPO step
     assert metrics["stats/minibatches"] == ran and metrics["stats/early_stop"] == float(ran < 12)
+    assert metrics["stats/approx_kl_first"] == approx_kls[0]  # the first call's own value, not a mean
+    assert "stats/policy_clipfrac_first" not in metrics  # the impl reported no clip fraction
     if ran < 12:
         assert metrics["stats/early_stop_minibatch"] == ran - 1 and metrics["stats/early_stop_approx_kl"] > 0.03
+
+
+# How far from 0 the first minibatch's approx_kl may be with a correct implementation, from float32
+# rounding alone. The rollout and the update compute log p = logit - logsumexp(logits) with the
+# same weights on the same tokens, but in batches of other shapes (8 rows with the rollout's
+# padding vs 4 trimmed rows), so sums may run in another order. A float32 sum of n terms is off
+# by at most n * u of the sum of their magnitudes (Higham, Accuracy and Stability of Numerical
+# Algorithms, sec. 3.1), u = 2**-24 = 6.0e-8. The tiny model's longest sum has n = 64 terms (its
+# MLP width; hidden 32, vocabulary 25), and a log-prob passes through ~10 such sums in a chain
+# (2 layers x attention and MLP, the head, the log-sum-exp), each adding at most 64 * u = 3.8e-6
+# of relative error, on values |log p| <= log(25) + 2 * max|logit / temperature| < 5 (the
+# random-init logits stay below 0.5; temperature 0.5 below): |delta log p| <= 10 * 3.8e-6 * 5
+# = 1.9e-4 per token. approx_kl is a token mean of such differences, so it is bounded by the same
+# number. (Measured: exactly 0.0 on CPU; the wrong-temperature bug below gives 1.4e-2 to 2.9e-2.)
+FIRST_KL_TOL = 2e-4
+
+
+class WrongTemperature:
+    """A plausible bug: the update forgets to divide the logits by the rollout temperature."""
+
+    compute_gae_advantages = SOLUTION.compute_gae_advantages
+
+    @staticmethod
+    def ppo_minibatch_update(model, optimizer, minibatch, update_cfg, step_optimizer):
+        update_cfg = dataclasses.replace(update_cfg, temperature=1.0)
+        return SOLUTION.ppo_minibatch_update(model, optimizer, minibatch, update_cfg, step_optimizer)
+
+
+def test_the_first_minibatch_stats_are_zero_and_catch_a_misaligned_update(tmp_path):
+    """Every PPO step logs its first minibatch's approx_kl and clip fraction on their own: before
+    its optimizer step the ratio is exactly 1, so they read 0 however far the later minibatches
+    (and so the step means) have moved. A temperature bug shows at once."""
+    result = train(tiny_cfg(tmp_path / "right", "rollout.temperature=0.5"), SOLUTION)
+    first_kls = [m["stats/approx_kl_first"] for m in result.metrics]
+    assert all(abs(kl) <= FIRST_KL_TOL for kl in first_kls), first_kls
+    assert all(m["stats/policy_clipfrac_first"] == 0.0 for m in result.metrics)
+    # The step mean is not that check: it includes minibatches after an optimizer step.
+    assert any(abs(m["stats/approx_kl"]) > 10 * FIRST_KL_TOL for m in result.metrics)
+    logged = read_jsonl(result.output_dir / "metrics.jsonl")
+    assert [m["stats/approx_kl_first"] for m in logged] == first_kls
+    broken = train(tiny_cfg(tmp_path / "broken", "rollout.temperature=0.5"), WrongTemperature)
+    assert all(abs(m["stats/approx_kl_first"]) > 10 * FIRST_KL_TOL for m in broken.metrics)
 
 
 def test_guard_skips_batches_without_reward_spread_and_clips():
@@ -271,7 +316,7 @@ def test_a_short_run_writes_everything(tmp_path):
     assert [m["step"] for m in result.metrics] == [1, 2, 3] and [e["step"] for e in result.evals] == [0, 3]
     keys = set(result.metrics[0])
     assert {"rollout/reward_mean", "loss/policy", "loss/value", "stats/approx_kl", "stats/grad_norm",
-            "rollout/kl", "time/rollout"} <= keys
+            "rollout/kl", "time/rollout", "stats/approx_kl_first", "stats/policy_clipfrac_first"} <= keys
     assert all(k == "step" or "/" in k for k in keys)
     records = read_jsonl(out / "eval_samples" / "step_3.jsonl")
     assert len(records) == 8 and all(set(r) == {"question", "reference", "response", "answer", "correct", "marker",

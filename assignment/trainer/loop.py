@@ -360,7 +360,8 @@ def step_line(step: int, metrics: dict[str, float]) -> str:
     """One line of a step's main metrics, for logs without a terminal."""
     fields = [("reward", "rollout/reward_mean", ".3f"), ("correct", "rollout/correct_rate", ".3f"),
               ("len", "rollout/response_length", ".0f"), ("kl", "rollout/kl", ".2f"), ("kl_coeff", "rollout/kl_coeff", ".4f"),
-              ("approx_kl", "stats/approx_kl", ".4f"), ("clipfrac", "stats/policy_clipfrac", ".3f"),
+              ("approx_kl", "stats/approx_kl", ".4f"), ("approx_kl_first", "stats/approx_kl_first", ".1e"),
+              ("clipfrac", "stats/policy_clipfrac", ".3f"),
               ("minibatches", "stats/minibatches", ".0f"), ("rollout_s", "time/rollout", ".1f"), ("update_s", "time/update", ".1f")]
     return f"[step {step}] " + " ".join(f"{name} {metrics[key]:{spec}}" for name, key, spec in fields if key in metrics)
 

@@ -29,6 +29,13 @@ from assignment.trainer.config import Config, KLConfig, PPOConfig
 # SB3's factor: a step's update stops once a minibatch's approx_kl passes 1.5 * ppo.target_kl.
 TARGET_KL_FACTOR = 1.5
 
+# Logged from the first minibatch of each PPO step alone, under the names on the right: before
+# its optimizer step the policy is the one that collected the rollout, so ratio = 1 exactly and
+# these must read 0 (up to float rounding); anything else means logprobs_new was not computed
+# like logprobs_old (wrong slice, temperature, dropout). The step means cannot show this.
+FIRST_MINIBATCH_KEYS = {"stats/approx_kl": "stats/approx_kl_first",
+                        "stats/policy_clipfrac": "stats/policy_clipfrac_first"}
+
 
 @dataclass(frozen=True)
 class UpdateConfig:
@@ -142,7 +149,10 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     steps for ``stats/grad_norm``), plus ``stats/lr``, ``stats/minibatches`` (how many ran),
     ``stats/early_stop`` (1 if the update stopped early) and, then, ``stats/early_stop_minibatch``
     (the stopping minibatch's 0-based index in the step) and ``stats/early_stop_approx_kl`` (its
-    approx_kl).
+    approx_kl). ``stats/approx_kl_first`` and ``stats/policy_clipfrac_first`` are the first
+    minibatch's own values (``FIRST_MINIBATCH_KEYS``): the policy has not moved yet there, so
+    the ratio is exactly 1 and both must be 0 up to float rounding, the sanity check of the
+    exercises (the means mix in later minibatches, where the policy has moved).
     """
     update_cfg = UpdateConfig.from_config(cfg)
     accum, bound = cfg.ppo.grad_accum_steps, early_stop_bound(cfg.ppo)
@@ -150,7 +160,7 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     counts: dict[str, int] = defaultdict(int)
     policy.train()
     optimizer.zero_grad()
-    ran, stopped = 0, False
+    ran, stopped, first = 0, False, {}
     for _ in range(cfg.ppo.epochs):
         for i, minibatch in enumerate(minibatches(batch, cfg.ppo.minibatch_size, generator)):
             step_optimizer = (i + 1) % accum == 0
@@ -160,6 +170,8 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
             for key, value in metrics.items():
                 sums[key] += float(value)
                 counts[key] += 1
+            if ran == 0:
+                first = {FIRST_MINIBATCH_KEYS[key]: float(metrics[key]) for key in FIRST_MINIBATCH_KEYS if key in metrics}
             ran += 1
             if progress is not None:
                 progress.update(1)
@@ -169,7 +181,7 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
         if stopped:
             break
     optimizer.zero_grad(set_to_none=True)  # an early stop's unfinished cycle is discarded here
-    means = {key: sums[key] / counts[key] for key in sums}
+    means = {key: sums[key] / counts[key] for key in sums} | first
     means.update({"stats/lr": scheduler.get_last_lr()[0], "stats/minibatches": float(ran),
                   "stats/early_stop": float(stopped)})
     if stopped:

@@ -28,9 +28,13 @@ from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, REWARD_WIND
                                        read_jsonl)
 from assignment.trainer.stats import mcnemar_exact
 
+# The *_first keys are the first minibatch's alone (ppo.FIRST_MINIBATCH_KEYS), 0 in a correct
+# run: beside the step means they show at a glance that the update's ratio started at 1. A run
+# logged before they existed simply has no row for them.
 TRAINING_KEYS = ["rollout/reward_mean", "rollout/correct_rate", "rollout/format_rate", "rollout/response_length",
                  "rollout/truncated_rate", "rollout/kl", "rollout/kl_coeff", "stats/approx_kl",
-                 "stats/policy_clipfrac", "stats/advantage_max", "loss/value", "time/rollout", "time/update"]
+                 "stats/approx_kl_first", "stats/policy_clipfrac", "stats/policy_clipfrac_first",
+                 "stats/advantage_max", "loss/value", "time/rollout", "time/update"]
 BUNDLE_FILES = ("metrics.jsonl", "config.yaml", "run.json")
 
 

@@ -172,14 +172,30 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
-def plot_run(out: Path) -> Path:
-    """Draw ``reward_curve.png``: training reward (raw and smoothed) and eval accuracy/format."""
+# The synthetic task's curriculum level, logged per step by loop.ppo_step: the operand range
+# [0, level] that step's training problems were drawn from.
+LEVEL_KEY = "rollout/max_operand"
+
+
+def level_changes(metrics: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """(step, new level) for every step whose curriculum level differs from the step before:
+    the first step trained on the wider operand range. Empty for runs without a curriculum."""
+    levelled = [(m["step"], m[LEVEL_KEY]) for m in metrics if LEVEL_KEY in m]
+    return [(step, level) for (_, before), (step, level) in zip(levelled, levelled[1:]) if level != before]
+
+
+def draw_run(metrics: list[dict[str, Any]], evals: list[dict[str, Any]]) -> Any:
+    """The figure of ``plot_run`` (a matplotlib Figure; the caller saves and closes it).
+
+    Each curriculum level change is a dashed vertical line on both panels (``gid`` "curriculum"),
+    labelled with the new operand range on the top one: on the synthetic task the training reward
+    dips right after a widening, which is expected, not a bug.
+    """
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
 
-    metrics, evals = read_jsonl(out / METRICS), read_jsonl(out / EVALS)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     steps = [m["step"] for m in metrics]
     rewards = [m["rollout/reward_mean"] for m in metrics]
@@ -192,10 +208,25 @@ def plot_run(out: Path) -> Path:
         bottom.plot(eval_steps, [e["eval/accuracy"] for e in evals], "o-", label="eval accuracy")
         bottom.plot(eval_steps, [e["eval/format_rate"] for e in evals], "s--", label="eval answer rate")
         bottom.legend()
+    for step, level in level_changes(metrics):
+        for ax in (top, bottom):
+            ax.axvline(step, color="grey", linestyle="--", linewidth=0.8, gid="curriculum")
+        # x in data units, y in axes units (0 bottom, 1 top): the label sits at the panel's top edge.
+        top.text(step, 0.98, f" operands 0-{level}", transform=top.get_xaxis_transform(), fontsize=7,
+                 color="grey", rotation=90, va="top", ha="right")
     bottom.set_ylim(-0.02, 1.02)
     bottom.set_xlabel("PPO step")
     bottom.set_ylabel("greedy eval")
     fig.tight_layout()
+    return fig
+
+
+def plot_run(out: Path) -> Path:
+    """Draw ``reward_curve.png``: training reward (raw and smoothed) and eval accuracy/format,
+    with the curriculum's level changes marked (``draw_run``)."""
+    fig = draw_run(read_jsonl(out / METRICS), read_jsonl(out / EVALS))  # sets the Agg backend first
+    import matplotlib.pyplot as plt
+
     path = out / "reward_curve.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
