@@ -209,13 +209,11 @@ def _grade_all(selected, cfg, workers, context, secret, defined, training) -> li
     return results
 
 
-TRAINING_DESCRIPTION = ("the assembled submission trains a tiny model on synthetic arithmetic on CPU: the mean "
-                        f"reward of the last {REWARD_WINDOW} PPO steps exceeds that of the first {REWARD_WINDOW} "
-                        "by the threshold")
-
-
 def _training_result(cfg: GradingConfig, score: float, feedback: str, passed: bool = False) -> CheckResult:
-    return CheckResult(0, "learning", TRAINING_DESCRIPTION, score, cfg.training.points, "visible", feedback, passed)
+    description = ("the assembled submission trains a tiny model on synthetic arithmetic on CPU: the mean reward "
+                   f"of the last {REWARD_WINDOW} PPO steps exceeds that of the first {REWARD_WINDOW} by at least "
+                   f"{cfg.training.threshold:g}")
+    return CheckResult(0, "learning", description, score, cfg.training.points, "visible", feedback, passed)
 
 
 def _training_check(cfg: GradingConfig, workers: _Workers) -> CheckResult:

@@ -423,6 +423,7 @@ def test_training_check_passes_the_solution_and_fails_a_sign_flip(variant, passe
     (check,) = result.checks
     assert check.exercise == 0 and check.passed is passes, check.feedback
     assert "mean reward of the first 10 steps" in check.feedback and "threshold +0.150" in check.feedback
+    assert check.description.endswith(f"by at least {FULL.training.threshold:g}")
     assert time.monotonic() - started < FULL.training.timeout_s
     if passes:  # the arithmetic, not only the format: well above the 20% of the best input-blind
         # policy (always answering 4, the most frequent sum of two operands in [0, 4])
