@@ -122,6 +122,8 @@ def test_unknown_key_in_yaml_names_the_file(tmp_path):
     ("ppo.advantage_clip=-1", "advantage_clip"),
     ("kl.adaptive=true", "kl.adaptive needs kl.coeff > 0"),  # the default coefficient is 0
     ("rollout.cache_implementation=sliding", "cache_implementation"),
+    ("rollout.compile=true", "rollout.compile needs rollout.cache_implementation=static"),
+    ("rollout.generation_dtype=int8", "generation_dtype"),
     ("train.time_limit_s=-5", "time_limit_s"),
 ])
 def test_bad_values_are_refused_by_name(override, message):

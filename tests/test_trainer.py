@@ -17,7 +17,9 @@ from assignment.trainer.loading import build_models, clear_quantization_flags, l
 from assignment.model import tiny_llama
 from assignment.trainer.batch import minibatches, response_slice, trim_padding
 from assignment.trainer.ppo import KLController, UpdateConfig, guard_advantages, ppo_update
-from assignment.trainer.rollout import collect, render_prompts, response_mask_from_ids, sample
+from assignment.trainer.rollout import (collect, generation_copy, refresh_copy, render_prompts, response_mask_from_ids,
+                                       sample)
+from assignment.trainer import loop
 from assignment.trainer.loop import FINISHED, TIME_LIMIT, RunDirError, train
 from assignment.trainer.runlog import read_jsonl
 
@@ -257,6 +259,48 @@ def test_the_first_minibatch_stats_are_zero_and_catch_a_misaligned_update(tmp_pa
     assert [m["stats/approx_kl_first"] for m in logged] == first_kls
     broken = train(tiny_cfg(tmp_path / "broken", "rollout.temperature=0.5"), WrongTemperature)
     assert all(abs(m["stats/approx_kl_first"]) > 10 * FIRST_KL_TOL for m in broken.metrics)
+
+
+def test_a_bfloat16_sampler_is_refreshed_every_step_and_keeps_the_first_ratio_at_1(tmp_path, monkeypatch):
+    """rollout.generation_dtype: responses come from a bfloat16 copy of the policy, refreshed
+    before every rollout, but logprobs_old from the float32 policy's own forward, so the first
+    minibatch still reads 0."""
+    refreshed = []
+
+    def spy(sampler, lm):
+        refreshed.append(next(sampler.parameters()).dtype)
+        refresh_copy(sampler, lm)
+
+    monkeypatch.setattr(loop, "refresh_copy", spy)
+    result = train(tiny_cfg(tmp_path, "rollout.generation_dtype=bfloat16"), SOLUTION)
+    assert refreshed == [torch.bfloat16] * len(result.metrics) == [torch.bfloat16] * 3
+    assert all(abs(m["stats/approx_kl_first"]) <= FIRST_KL_TOL for m in result.metrics)
+
+
+def test_the_generation_copy_is_frozen_and_refreshed_in_its_dtype():
+    lm = tiny_llama(vocab_size=30, hidden_size=16, num_layers=1, seed=0)
+    sampler = generation_copy(lm, torch.bfloat16)
+    assert not sampler.training and all(p.dtype == torch.bfloat16 and not p.requires_grad for p in sampler.parameters())
+    with torch.no_grad():
+        for p in lm.parameters():
+            p.add_(0.25)  # an update
+    refresh_copy(sampler, lm)
+    for copied, weight in zip(sampler.parameters(), lm.parameters(), strict=True):
+        assert torch.equal(copied, weight.to(torch.bfloat16))
+    assert all(p.dtype == torch.float32 and p.requires_grad for p in lm.parameters())
+
+
+def test_fixed_length_prompts_for_compiled_decoding_change_no_response(rollout_setup):
+    """rollout.compile pads prompts to max_prompt_tokens for generation (one cache shape) and
+    cuts the extra columns after it: the same prompts and responses as without."""
+    cfg, tok, policy, _ = rollout_setup
+    prompts = render_prompts(tok, ["What is 1 + 2?", "What is 12 + 30?", "What is 4 + 4 + 4?"], cfg.data)
+    plain = sample(policy, tok, prompts, cfg.rollout, greedy=True)
+    fixed = sample(policy, tok, prompts, dataclasses.replace(cfg.rollout, cache_implementation="static", compile=True),
+                   greedy=True)
+    assert plain.prompt_ids.shape[1] < cfg.rollout.max_prompt_tokens
+    assert torch.equal(fixed.prompt_ids, plain.prompt_ids) and torch.equal(fixed.prompt_mask, plain.prompt_mask)
+    assert torch.equal(fixed.response_ids, plain.response_ids)
 
 
 def test_guard_skips_batches_without_reward_spread_and_clips():

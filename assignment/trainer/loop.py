@@ -43,11 +43,11 @@ from assignment.trainer import checkpoint
 from assignment.trainer.config import Config, RewardConfig, to_yaml
 from assignment.trainer.data import Curriculum, Problem, load_problems, training_batch
 from assignment.trainer.evaluate import evaluate_batches, summarize
-from assignment.trainer.loading import build_models, load_tokenizer
+from assignment.trainer.loading import DTYPES, build_models, load_tokenizer
 from assignment.trainer.ppo import (KLController, early_stop_bound, guard_advantages, kl_penalties, ppo_update,
                                    sequence_kl)
 from assignment.trainer.reward import Score, score
-from assignment.trainer.rollout import Rollout, Sample, collect, render_prompts
+from assignment.trainer.rollout import Rollout, Sample, collect, generation_copy, refresh_copy, render_prompts
 from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, SAMPLES, Progress, RunLogger, eval_records_path,
                                        plot_run, read_jsonl)
 
@@ -156,6 +156,7 @@ class Run:
     progress: Progress  # this invocation's times in run.json
     deadline: Deadline
     saved_step: int | None = None  # the step of the checkpoint on disk (None: none yet)
+    sampler: PreTrainedModel | None = None  # rollout.generation_dtype's copy of policy.lm (None: policy.lm samples)
 
 
 def open_run_dir(cfg: Config, resume: bool) -> Path:
@@ -194,8 +195,9 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
                               num_training_steps=optimizer_steps(cfg))
     kl_ctl, curriculum = KLController(cfg.kl), Curriculum(cfg.data)
     start_step = restore(out, device, policy, optimizer, scheduler, kl_ctl, curriculum) if resume else 0
+    sampler = generation_copy(policy.lm, DTYPES[cfg.rollout.generation_dtype]) if cfg.rollout.generation_dtype else None
     return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,
-               RunLogger(out, cfg, start_step), start_step, progress, deadline, start_step if resume else None)
+               RunLogger(out, cfg, start_step), start_step, progress, deadline, start_step if resume else None, sampler)
 
 
 def restore(out: Path, device: torch.device, policy: PolicyWithValueHead, optimizer: torch.optim.Optimizer,
@@ -232,7 +234,9 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     problems = training_batch(cfg.data, run.problems["train"], cfg.rollout.batch_size, cfg.train.seed, step,
                               run.curriculum.level)
     prompts = render_prompts(run.tokenizer, [problem.question for problem in problems], cfg.data)
-    rollout = collect(run.policy, run.ref, run.tokenizer, prompts, cfg.rollout)
+    if run.sampler is not None:
+        refresh_copy(run.sampler, run.policy.lm)  # the weights of the last update (or of the checkpoint)
+    rollout = collect(run.policy, run.ref, run.tokenizer, prompts, cfg.rollout, run.sampler)
     response_mask = rollout.sample.response_mask  # (B, T)
     # 2. Score each whole response -> final_rewards (B,).
     texts = run.tokenizer.batch_decode(rollout.sample.response_ids, skip_special_tokens=True)

@@ -42,13 +42,14 @@ def render_prompts(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str],
 
 
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], max_tokens: int,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded token ids and attention mask, both (B, P); long prompts lose their start."""
+                   device: torch.device, fixed_length: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded token ids and attention mask, both (B, P); long prompts lose their start.
+    P is the longest prompt's length, or ``max_tokens`` with ``fixed_length``."""
     # A rendered chat template already holds its special tokens (BOS included).
     add_special = tokenizer.chat_template is None
     tokenizer.truncation_side = "left"
-    enc = tokenizer(list(prompts), return_tensors="pt", padding=True, truncation=True, max_length=max_tokens,
-                    add_special_tokens=add_special, padding_side="left")
+    enc = tokenizer(list(prompts), return_tensors="pt", padding="max_length" if fixed_length else True,
+                    truncation=True, max_length=max_tokens, add_special_tokens=add_special, padding_side="left")
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)
 
 
@@ -80,9 +81,10 @@ def generate(lm: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.T
     # 1.05, ...) would otherwise silently change the sampling distribution the ratio assumes.
     # Generation stops when every row has ended with an EOS id (or at max_new_tokens).
     sampling = {} if greedy else {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k}
-    # A static cache is never compiled here (disable_compile): transformers would otherwise
-    # compile the decoding step on CUDA, a path no CPU test can run.
-    cache = {"cache_implementation": "static", "disable_compile": True} if cfg.cache_implementation == "static" else {}
+    # transformers compiles the decoding step of a static cache on CUDA unless told not to: only
+    # when rollout.compile asks (CPU runs never compile).
+    compiled = cfg.compile and lm.device.type == "cuda"
+    cache = {"cache_implementation": "static", "disable_compile": not compiled} if cfg.cache_implementation == "static" else {}
     gen_cfg = GenerationConfig(do_sample=not greedy, max_new_tokens=cfg.max_new_tokens,
                                pad_token_id=pad_token_id, eos_token_id=list(eos_ids), **sampling, **cache)
     out = lm.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg)
@@ -146,13 +148,20 @@ class Sample:
 
 @torch.no_grad()
 def sample(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str],
-           cfg: RolloutConfig, greedy: bool = False) -> Sample:
-    """One response per prompt, sampled as ``cfg`` says (or greedy, for evaluation)."""
+           cfg: RolloutConfig, greedy: bool = False, sampler: PreTrainedModel | None = None) -> Sample:
+    """One response per prompt, sampled as ``cfg`` says (or greedy, for evaluation), by
+    ``sampler`` (a copy of the policy's LM, ``generation_copy``) or else by the policy's LM."""
     device = next(policy.parameters()).device
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens, device)
+    # Compiled decoding wants one cache shape per run: prompts of one fixed length. (Done on CPU
+    # too, where nothing compiles, so that CPU tests run this path.)
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens, device, fixed_length=cfg.compile)
     eos_ids = eos_token_ids(policy.lm, tokenizer)
     with eval_mode(policy):
-        response_ids = generate(policy.lm, prompt_ids, prompt_mask, cfg, tokenizer.pad_token_id, eos_ids, greedy)
+        response_ids = generate(sampler or policy.lm, prompt_ids, prompt_mask, cfg, tokenizer.pad_token_id,
+                                eos_ids, greedy)
+    if cfg.compile:  # drop the all-padding columns that only fixed the shape: the update need not pay for them
+        longest = int(prompt_mask.sum(dim=-1).max())
+        prompt_ids, prompt_mask = prompt_ids[:, -longest:], prompt_mask[:, -longest:]
     mask = response_mask_from_ids(response_ids, eos_ids)
     finished = (torch.isin(response_ids, torch.tensor(eos_ids, device=device)) & mask).any(dim=-1)
     response_ids = torch.where(mask, response_ids, tokenizer.pad_token_id)
@@ -185,11 +194,29 @@ class Rollout:
         }
 
 
+def generation_copy(lm: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+    """A frozen copy of ``lm`` in ``dtype`` to sample from (rollout.generation_dtype); keep it
+    current with ``refresh_copy``."""
+    import copy
+
+    # eval mode: no dropout, and gradient checkpointing (which a copy inherits) stays off
+    return copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def refresh_copy(sampler: PreTrainedModel, lm: PreTrainedModel) -> None:
+    """Copy ``lm``'s weights into ``sampler``, cast to its dtype (tied weights are one parameter
+    in both, so they are copied once)."""
+    for target, source in zip(sampler.parameters(), lm.parameters(), strict=True):
+        target.copy_(source)
+
+
 @torch.no_grad()
 def collect(policy: PolicyWithValueHead, ref: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-            prompts: Sequence[str], cfg: RolloutConfig) -> Rollout:
-    """Sample one response per prompt and score it under the policy (with values) and the reference."""
-    responses = sample(policy, tokenizer, prompts, cfg)
+            prompts: Sequence[str], cfg: RolloutConfig, sampler: PreTrainedModel | None = None) -> Rollout:
+    """Sample one response per prompt (by ``sampler`` if given, see ``sample``) and score it
+    under the policy (with values) and the reference."""
+    responses = sample(policy, tokenizer, prompts, cfg, sampler=sampler)
     P = responses.prompt_ids.shape[1]
     input_ids = torch.cat([responses.prompt_ids, responses.response_ids], dim=1)  # (B, P+T)
     response_mask = responses.response_mask.to(responses.prompt_mask.dtype)
