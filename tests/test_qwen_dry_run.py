@@ -85,3 +85,16 @@ def test_the_qwen_config_runs_end_to_end_in_time_limited_calls(staged, capsys):
     assert summary["n"] == 4 and summary["steps"] == 2 and summary["seconds"]["invocations"] == 4
     assert summary["kl_budget"]["target"] == 30.0 and summary["seconds"]["staging"] == 95.0
     assert "staging 95 s" in out.read_text() and out.with_suffix(".png").is_file()
+
+
+def test_the_rollout_benchmark_runs_on_the_qwen_config(staged):
+    """benchmarks/rollout_speed.py as the device plan runs it on the Qwen config (tiny sizes):
+    every variant, the update, the report file."""
+    from assignment.trainer.impl import load_module
+
+    bench = load_module(ROOT / "benchmarks" / "rollout_speed.py", "rollout_speed_qwen")
+    out = staged / "performance.md"
+    assert bench.main(["--config", str(CONFIG), "--repeats", "1", "--out", str(out), "rollout.batch_size=4",
+                       "ppo.minibatch_size=2", "rollout.max_new_tokens=6", "rollout.forward_batch_size=2",
+                       "train.cpu_threads=1"]) == 0
+    assert all(f"| {name} |" in out.read_text() for name in bench.VARIANTS)

@@ -578,3 +578,15 @@ def test_resume_keeps_the_impl_the_run_started_with(tmp_path):
     (tmp_path / "run.json").write_text(json.dumps([{"command": "ppo-train --config c.yaml"}]))
     assert _impl_of_run(tmp_path) is None
     assert _impl_of_run(tmp_path / "missing") is None
+
+
+def test_the_rollout_benchmark_runs_every_variant_on_cpu(tmp_path):
+    """benchmarks/rollout_speed.py falls back cleanly on CPU, where nothing compiles. Its
+    numbers are not checked here: speed is measured by running it, not by timed tests."""
+    bench = load_module(Path(__file__).resolve().parents[1] / "benchmarks" / "rollout_speed.py", "rollout_speed")
+    out = tmp_path / "performance.md"
+    config = Path(__file__).resolve().parents[1] / "configs" / "cpu_synthetic.yaml"
+    assert bench.main(["--config", str(config), "--repeats", "1", "--out", str(out),
+                       "rollout.batch_size=8", "ppo.minibatch_size=4", "train.cpu_threads=1"]) == 0
+    text = out.read_text()
+    assert all(f"| {name} |" in text for name in bench.VARIANTS) and "## One PPO update" in text
