@@ -279,7 +279,9 @@ def test_a_bfloat16_sampler_is_refreshed_every_step_and_keeps_the_first_ratio_at
 
 def test_the_generation_copy_is_frozen_and_refreshed_in_its_dtype():
     lm = tiny_llama(vocab_size=30, hidden_size=16, num_layers=1, seed=0)
+    lm._compiled_call = lm.__call__  # as transformers leaves it after compiled decoding
     sampler = generation_copy(lm, torch.bfloat16)
+    assert "_compiled_call" not in vars(sampler)  # the copy compiles its own forward
     assert not sampler.training and all(p.dtype == torch.bfloat16 and not p.requires_grad for p in sampler.parameters())
     with torch.no_grad():
         for p in lm.parameters():

@@ -199,8 +199,12 @@ def generation_copy(lm: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     current with ``refresh_copy``."""
     import copy
 
+    sampler = copy.deepcopy(lm)
+    # transformers keeps a compiled forward of the model it compiled for (rollout.compile); a
+    # copy would call lm's through it (float32 queries against its own bfloat16 cache, measured)
+    sampler.__dict__.pop("_compiled_call", None)
     # eval mode: no dropout, and gradient checkpointing (which a copy inherits) stays off
-    return copy.deepcopy(lm).to(dtype).eval().requires_grad_(False)
+    return sampler.to(dtype).eval().requires_grad_(False)
 
 
 @torch.no_grad()
