@@ -16,7 +16,8 @@ import platform
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Sequence
 
 import hypothesis
 import torch
@@ -120,7 +121,7 @@ def _seed_for(base: int, number: int, check: str) -> int:
     return (base * 1_000_003 + zlib.crc32(f"{number}:{check}".encode())) % 2**32
 
 
-def open_sandbox(cfg: GradingConfig, config_path, private: tuple = ()) -> Sandbox:
+def open_sandbox(cfg: GradingConfig, config_path, private: Sequence[Path] = ()) -> Sandbox:
     """A sandbox for ``cfg``: the strongest strategy available, with the project tree, grading.yaml,
     the hidden-seed file and ``private`` (a batch's submissions, its out folder, ...) hidden.
     Raises sandbox.GraderFailure when the user strategy would leave staff files readable."""

@@ -21,10 +21,11 @@ Sampling differs between variants (other weights, other kernels), so their lengt
 little. On CPU nothing compiles and bfloat16 is slow: the variants run, the numbers mean little.
 
 Then one PPO update (``ppo_update`` with the reference exercises, the config's epochs and
-minibatches, random whitened advantages) on the eager batch: tokens per second (batch x
-sequence length x epochs) and the model FLOPs utilization, counting 6 x parameters FLOPs per
-token for forward and backward (8 x with gradient checkpointing, which repeats the forward),
-against the card's dense TF32 peak (``--peak-tflops``; 494.7 for an H100 SXM, the default).
+minibatches, random whitened advantages) on a fresh rollout: tokens per second and the model
+FLOPs utilization. Both count real tokens only (prompt and response, not padding) over the
+epochs, and MFU counts 6 x parameters FLOPs per token (forward and backward; the forward that
+gradient checkpointing repeats is not useful work) against the card's dense TF32 peak
+(``--peak-tflops``; 494.7 for an H100 SXM, the default).
 """
 
 from __future__ import annotations
@@ -41,10 +42,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from assignment.trainer.config import load_config  # noqa: E402
-from assignment.trainer.data import load_problems, training_batch  # noqa: E402
+from assignment.trainer.data import Curriculum, load_problems, training_batch  # noqa: E402
 from assignment.trainer.impl import load_impl  # noqa: E402
 from assignment.trainer.loading import build_models, load_tokenizer  # noqa: E402
-from assignment.trainer.loop import optimizer_steps, resolve_device  # noqa: E402
+from assignment.trainer.loop import disable_dropout, optimizer_steps, resolve_device  # noqa: E402
 from assignment.trainer.ppo import ppo_update  # noqa: E402
 from assignment.trainer.rollout import collect, generation_copy, render_prompts, sample  # noqa: E402
 
@@ -105,20 +106,21 @@ def time_update(policy, ref, tokenizer, prompts, cfg, device, peak_tflops: float
     ppo_update(impl, policy, optimizer, scheduler, batch, cfg, torch.Generator().manual_seed(0))
     sync(device)
     seconds = time.perf_counter() - started
-    tokens = rollout.input_ids.numel() * cfg.ppo.epochs
+    tokens = int(rollout.attention_mask.sum()) * cfg.ppo.epochs  # real tokens; padding is waste
+    padded = rollout.input_ids.numel() * cfg.ppo.epochs
     params = sum(p.numel() for p in policy.parameters())
-    flops = (8 if cfg.model.gradient_checkpointing else 6) * params * tokens
-    return {"seconds": seconds, "tokens": tokens, "tok_per_s": tokens / seconds, "params": params,
-            "mfu": flops / seconds / (peak_tflops * 1e12)}
+    return {"seconds": seconds, "tokens": tokens, "padded": padded, "tok_per_s": tokens / seconds, "params": params,
+            "mfu": 6 * params * tokens / seconds / (peak_tflops * 1e12)}
 
 
 def table(rows: list[dict]) -> list[str]:
-    base = rows[0]["tok_per_s"]
+    base = next((r["tok_per_s"] for r in rows if r["variant"] == "eager"), float("nan"))
     lines = ["| variant | first call (s) | median call (s) | real tokens | decode steps | tokens/s | vs eager | peak GiB |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        ratio = f"{r['tok_per_s'] / base:.2f}x" if base == base else "n/a"  # nan: eager was not run
         lines.append(f"| {r['variant']} | {r['first_s']:.1f} | {r['median_s']:.2f} | {r['tokens']:.0f} | {r['steps']:.0f} | "
-                     f"{r['tok_per_s']:.0f} | {r['tok_per_s'] / base:.2f}x | {r['peak_gib']:.1f} |")
+                     f"{r['tok_per_s']:.0f} | {ratio} | {r['peak_gib']:.1f} |")
     return lines
 
 
@@ -138,8 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model)
     policy, ref = build_models(cfg.model, tokenizer, cfg.train.seed, device)
+    disable_dropout(policy)  # as setup_run
     problems = load_problems(cfg.data, cfg.train.seed)
-    batch = training_batch(cfg.data, problems["train"], cfg.rollout.batch_size, cfg.train.seed, 0, cfg.data.max_operand)
+    batch = training_batch(cfg.data, problems["train"], cfg.rollout.batch_size, cfg.train.seed, 0,
+                           Curriculum(cfg.data).level)
     prompts = render_prompts(tokenizer, [p.question for p in batch], cfg.data)
     card = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     import transformers
@@ -164,9 +168,10 @@ def main(argv: list[str] | None = None) -> int:
         write()
     up = time_update(policy, ref, tokenizer, prompts, cfg, device, args.peak_tflops)
     update_lines.append(
-        f"{up['tokens']} tokens ({cfg.ppo.epochs} epochs of the batch's prompt + response tokens) in {up['seconds']:.2f} s: "
-        f"{up['tok_per_s']:.0f} tokens/s; {up['params'] / 1e6:.0f}M parameters, MFU {up['mfu']:.1%} of "
-        f"{args.peak_tflops:g} TFLOPS (gradient checkpointing {'on' if cfg.model.gradient_checkpointing else 'off'}).")
+        f"{up['tokens']} real tokens ({cfg.ppo.epochs} epochs of the batch's prompt + response tokens; "
+        f"{up['padded']} with padding) in {up['seconds']:.2f} s: {up['tok_per_s']:.0f} tokens/s; "
+        f"{up['params'] / 1e6:.0f}M parameters, MFU {up['mfu']:.1%} of {args.peak_tflops:g} TFLOPS "
+        f"(gradient checkpointing {'on' if cfg.model.gradient_checkpointing else 'off'}).")
     print("\n".join(write()[len(head):]))
     return 0
 

@@ -12,7 +12,7 @@ from assignment.trainer import cli
 from assignment.trainer.config import load_config
 from assignment.trainer.impl import load_impl
 from assignment.trainer.loop import train
-from assignment.trainer.report import _invocation_line, _wall_time
+from assignment.trainer.report import _invocation_line, _wall_time, eval_pair
 from assignment.trainer.reward import extract_answer
 from assignment.trainer.runlog import read_jsonl
 
@@ -104,10 +104,16 @@ def test_an_unfinished_final_evaluation_is_paired_on_the_problems_it_reached(rep
     out = tmp_path / "partial.md"
     assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
     summary = json.loads((tmp_path / "partial" / "summary.json").read_text())
-    before = read_jsonl(tmp_path / "partial" / "eval_before.jsonl")[:4]
-    assert (summary["n"], summary["n_planned"]) == (4, 6)
+    before = read_jsonl(tmp_path / "partial" / "eval_before.jsonl")
+    after = read_jsonl(tmp_path / "partial" / "eval_after.jsonl")
+    assert (summary["n"], summary["n_planned"]) == (4, 6) and len(before) == len(after) == 4
+    assert [r["question"] for r in before] == [r["question"] for r in after]
+    assert read_jsonl(tmp_path / "partial" / "eval_before_all.jsonl")[:4] == before
     assert summary["accuracy_before"] == sum(r["correct"] for r in before) / 4
     assert "the first 4 of 6 test problems" in out.read_text()
+    after_file.write_text("")  # an evaluation opened and killed before its first batch: nothing to pair
+    with pytest.raises(FileNotFoundError, match="no evaluation after step"):
+        eval_pair(run)
 
 
 def test_the_reward_curve_marks_each_curriculum_level_change(tmp_path):

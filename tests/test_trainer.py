@@ -17,9 +17,10 @@ from assignment.trainer.loading import build_models, clear_quantization_flags, l
 from assignment.model import tiny_llama
 from assignment.trainer.batch import minibatches, response_slice, trim_padding
 from assignment.trainer.ppo import KLController, UpdateConfig, guard_advantages, ppo_update
-from assignment.trainer.rollout import (collect, generation_copy, refresh_copy, render_prompts, response_mask_from_ids,
-                                       sample)
+from assignment.trainer.rollout import (collect, generate, generation_copy, refresh_copy, render_prompts,
+                                       response_mask_from_ids, sample)
 from assignment.trainer import loop
+from assignment.trainer import rollout as rollout_module
 from assignment.trainer.loop import FINISHED, TIME_LIMIT, RunDirError, train
 from assignment.trainer.runlog import read_jsonl
 
@@ -265,15 +266,21 @@ def test_a_bfloat16_sampler_is_refreshed_every_step_and_keeps_the_first_ratio_at
     """rollout.generation_dtype: responses come from a bfloat16 copy of the policy, refreshed
     before every rollout, but logprobs_old from the float32 policy's own forward, so the first
     minibatch still reads 0."""
-    refreshed = []
+    events = []
 
-    def spy(sampler, lm):
-        refreshed.append(next(sampler.parameters()).dtype)
+    def refresh_spy(sampler, lm):
+        events.append("refresh")
         refresh_copy(sampler, lm)
 
-    monkeypatch.setattr(loop, "refresh_copy", spy)
-    result = train(tiny_cfg(tmp_path, "rollout.generation_dtype=bfloat16"), SOLUTION)
-    assert refreshed == [torch.bfloat16] * len(result.metrics) == [torch.bfloat16] * 3
+    def generate_spy(lm, *args, **kwargs):
+        events.append(next(lm.parameters()).dtype)  # who sampled
+        return generate(lm, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "refresh_copy", refresh_spy)
+    monkeypatch.setattr(rollout_module, "generate", generate_spy)
+    result = train(tiny_cfg(tmp_path, "rollout.generation_dtype=bfloat16", "eval.every=0"), SOLUTION)
+    # the greedy evaluations (before and after) use the float32 policy; every rollout the fresh copy
+    assert events == [torch.float32] + ["refresh", torch.bfloat16] * 3 + [torch.float32]
     assert all(abs(m["stats/approx_kl_first"]) <= FIRST_KL_TOL for m in result.metrics)
 
 
@@ -282,6 +289,8 @@ def test_the_generation_copy_is_frozen_and_refreshed_in_its_dtype():
     lm._compiled_call = lm.__call__  # as transformers leaves it after compiled decoding
     sampler = generation_copy(lm, torch.bfloat16)
     assert "_compiled_call" not in vars(sampler)  # the copy compiles its own forward
+    # the weights change dtype, the buffers (RoPE's inv_freq) keep theirs
+    assert [b.dtype for b in sampler.buffers()] == [b.dtype for b in lm.buffers()] and any(True for _ in lm.buffers())
     assert not sampler.training and all(p.dtype == torch.bfloat16 and not p.requires_grad for p in sampler.parameters())
     with torch.no_grad():
         for p in lm.parameters():
@@ -442,8 +451,6 @@ def test_time_limit_stops_cleanly_and_resume_matches_an_uninterrupted_run(tmp_pa
 def test_a_crash_in_the_last_evaluation_costs_no_training(tmp_path, monkeypatch):
     """The last step saves before it evaluates: after, say, an out-of-memory error in the final
     evaluation, --resume only evaluates."""
-    from assignment.trainer import loop
-
     real = loop.evaluate_batches
 
     def out_of_memory_after_training(policy, tokenizer, problems, cfg):

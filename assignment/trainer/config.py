@@ -123,13 +123,15 @@ class RolloutConfig:
     cache_implementation: Optional[str] = None
     # With the static cache on CUDA: let transformers compile the decoding step (torch.compile,
     # CUDA graphs). Prompts are then left-padded to max_prompt_tokens for generation, so that the
-    # cache has one shape and compiles once per run, not once per step. Nothing compiles on CPU.
+    # cache has one shape per batch size: rollouts compile once per run, not once per step
+    # (evaluation batches, another model or size, compile their own). Nothing compiles on CPU.
     compile: bool = False
-    # "bfloat16": sample the training responses from a bfloat16 copy of the policy's LM, refreshed
-    # from the float32 weights before every rollout (verl and OpenRLHF sample from a separate
-    # low-precision engine too). logprobs_old still come from the float32 policy's own forward,
-    # so the first minibatch's ratio stays exactly 1; the sampler differs from that policy by
-    # bfloat16 rounding. null: sample from the policy itself. Evaluation always uses the policy.
+    # "bfloat16" (or "float16"): sample the training responses from a copy of the policy's LM
+    # with its weights in that dtype, refreshed from the policy before every rollout (verl and
+    # OpenRLHF sample from a separate low-precision engine too). logprobs_old still come from the
+    # policy's own forward, so the first minibatch's ratio stays exactly 1; the sampler differs
+    # from that policy by the rounding of its weights. null: sample from the policy itself.
+    # Evaluation always uses the policy.
     generation_dtype: Optional[str] = None
 
 
@@ -296,8 +298,9 @@ def _validate(cfg: Config) -> None:
          f"rollout.cache_implementation must be null, dynamic or static, got '{rollout.cache_implementation}'")
     need(not rollout.compile or rollout.cache_implementation == "static",
          "rollout.compile needs rollout.cache_implementation=static (transformers compiles only a static cache)")
-    need(rollout.generation_dtype in (None, "bfloat16", "float16", "float32"),
-         f"rollout.generation_dtype must be null, bfloat16, float16 or float32, got '{rollout.generation_dtype}'")
+    need(rollout.generation_dtype in (None, "bfloat16", "float16") and rollout.generation_dtype != cfg.model.dtype,
+         f"rollout.generation_dtype must be null, or bfloat16 or float16 other than model.dtype, "
+         f"got '{rollout.generation_dtype}'")
     need(rollout.batch_size >= 2, "rollout.batch_size must be >= 2 (advantages are whitened over the batch)")
     need(rollout.max_new_tokens >= 1 and rollout.max_prompt_tokens >= 1, "rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
     need(rollout.temperature > 0, f"rollout.temperature must be > 0, got {rollout.temperature}")

@@ -8,7 +8,9 @@ with the exact McNemar test on the paired outcomes, and samples of problems that
 regressed and stayed the same. The folder ``OUT`` holds ``summary.json`` (every headline figure),
 ``eval_before.jsonl`` and ``eval_after.jsonl`` (one record per problem: question, reference,
 response, answer, correct, ...), ``metrics.jsonl``, ``config.yaml`` and ``run.json``: each
-figure of the summary can be recomputed from these files (``summarize``).
+figure of the summary can be recomputed from these files (``summarize``). When the final
+evaluation was stopped unfinished, both evaluation files hold the problems it reached, in
+order, and ``eval_before_all.jsonl`` the whole first evaluation.
 
 Wall time: each invocation's entry in ``run.json`` is kept current as the run goes
 (``runlog.Progress``), so an invocation killed from outside still counts up to its last
@@ -57,7 +59,8 @@ def eval_pair(run_dir: Path) -> tuple[list[dict], list[dict], int, int, int]:
     steps = [e["step"] for e in read_jsonl(run_dir / EVALS)]
     if not steps:
         raise FileNotFoundError(f"{run_dir} has no finished evaluation in {EVALS}")
-    last = max((eval_step_of(p) for p in (run_dir / EVAL_RECORDS).glob("step_*.jsonl")), default=steps[-1])
+    started = [p for p in (run_dir / EVAL_RECORDS).glob("step_*.jsonl") if p.stat().st_size > 0]
+    last = max((eval_step_of(p) for p in started), default=steps[-1])
     if last <= steps[0]:
         raise FileNotFoundError(f"{run_dir} has no evaluation after step {steps[0]}")
     before, after = (read_jsonl(eval_records_path(run_dir, step)) for step in (steps[0], last))
@@ -262,8 +265,14 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
     bundle.mkdir(exist_ok=True)
     for name in BUNDLE_FILES:
         _copy(run_dir / name, bundle / name)
-    for name, step in zip(("eval_before.jsonl", "eval_after.jsonl"), summary["eval_steps"]):
-        _copy(eval_records_path(run_dir, step), bundle / name)
+    before, after = (eval_records_path(run_dir, step) for step in summary["eval_steps"])
+    _copy(after, bundle / "eval_after.jsonl")
+    if summary["n"] == summary["n_planned"]:
+        _copy(before, bundle / "eval_before.jsonl")
+    else:  # an unfinished final evaluation: the figures pair its problems; the whole first one is kept beside
+        _copy(before, bundle / "eval_before_all.jsonl")
+        lines = before.read_text().splitlines(keepends=True)
+        (bundle / "eval_before.jsonl").write_text("".join(lines[: summary["n"]]))
     (bundle / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     curve = run_dir / "reward_curve.png"
     if not curve.is_file():

@@ -157,8 +157,8 @@ def sample(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizerBase, prom
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens, device, fixed_length=cfg.compile)
     eos_ids = eos_token_ids(policy.lm, tokenizer)
     with eval_mode(policy):
-        response_ids = generate(sampler or policy.lm, prompt_ids, prompt_mask, cfg, tokenizer.pad_token_id,
-                                eos_ids, greedy)
+        response_ids = generate(policy.lm if sampler is None else sampler, prompt_ids, prompt_mask, cfg,
+                                tokenizer.pad_token_id, eos_ids, greedy)
     if cfg.compile:  # drop the all-padding columns that only fixed the shape: the update need not pay for them
         longest = int(prompt_mask.sum(dim=-1).max())
         prompt_ids, prompt_mask = prompt_ids[:, -longest:], prompt_mask[:, -longest:]
@@ -203,8 +203,12 @@ def generation_copy(lm: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     # transformers keeps a compiled forward of the model it compiled for (rollout.compile); a
     # copy would call lm's through it (float32 queries against its own bfloat16 cache, measured)
     sampler.__dict__.pop("_compiled_call", None)
+    # Parameters only: Module.to would round the buffers too, and RoPE's inv_freq in bfloat16
+    # shifts the rotary phase by ~0.5 rad at position 300 (from_pretrained keeps it float32).
+    for param in sampler.parameters():
+        param.data = param.data.to(dtype)
     # eval mode: no dropout, and gradient checkpointing (which a copy inherits) stays off
-    return sampler.to(dtype).eval().requires_grad_(False)
+    return sampler.eval().requires_grad_(False)
 
 
 @torch.no_grad()
