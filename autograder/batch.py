@@ -51,7 +51,7 @@ from typing import Callable, Iterator, Protocol
 from assignment.contract import exercise
 
 from . import __version__, report, submission
-from .config import GradingConfig
+from .config import GradingConfig, hidden_seed
 from .exercises import CHECKS
 from .grade import GradingResult, grade, nothing_to_grade, open_sandbox
 from .sandbox import GraderFailure, Sandbox, check_unreadable, detect_strategy
@@ -424,10 +424,12 @@ def _slots(jobs: int) -> Iterator[tuple[Path, ...]]:
 
 # ---- resuming ---------------------------------------------------------------------------------------
 
-def run_key(config_path: Path, exercises: tuple[int, ...] | None, training: bool) -> str:
-    """What a result depends on besides the submission: grading.yaml, the selection, the grader."""
+def run_key(config_path: Path, exercises: tuple[int, ...] | None, training: bool, hidden_seed: int) -> str:
+    """What a result depends on besides the submission: grading.yaml, the selection, the grader,
+    and the hidden seed (set in the environment or a file, outside grading.yaml; only its hash
+    reaches batch-state.json)."""
     digest = hashlib.sha256(Path(config_path).read_bytes())
-    digest.update(json.dumps([__version__, list(exercises) if exercises else None, training]).encode())
+    digest.update(json.dumps([__version__, list(exercises) if exercises else None, training, hidden_seed]).encode())
     return digest.hexdigest()[:16]
 
 
@@ -663,7 +665,7 @@ def grade_class(options: Options, cfg: GradingConfig, progress: Progress = _Sile
 def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, progress: Progress) -> BatchResult:
     out, exercises = Path(options.out), tuple(sorted(options.exercises)) if options.exercises else None
     training = options.with_training or cfg.training.enabled
-    key, state = run_key(options.config_path, exercises, training), load_state(out)
+    key, state = run_key(options.config_path, exercises, training, hidden_seed(cfg)[0]), load_state(out)
     todo = plan(found.students, out, state, key, options.restart)
     strategy, jobs, notes = _jobs(cfg, options.jobs, len(todo.todo))
     graded, failed = [], []

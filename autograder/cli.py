@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = grade.grade(source, cfg, args.config, with_training=args.with_training,
                                  exercises=set(args.exercise) if args.exercise else None)
-        except GraderFailure as err:
+        except (GraderFailure, config.ConfigError) as err:  # ConfigError: a malformed hidden seed
             return _grader_failed(str(err), extra, args.results, report)
         except Exception as err:  # a bug of the grader's own: say so, give 0, exit non-zero
             traceback.print_exc(file=sys.stderr)
@@ -128,7 +128,7 @@ def _main_class(args: argparse.Namespace) -> int:
         print(f"ppo-grade: interrupted after {progress.finished} students; what they got is kept in {args.out}: "
               "rerun the same command to grade the rest", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (batch.BatchError, GraderFailure) as err:
+    except (batch.BatchError, GraderFailure, config.ConfigError) as err:  # ConfigError: a malformed hidden seed
         progress.close()
         print(f"ppo-grade: {err}", file=sys.stderr)
         return 1

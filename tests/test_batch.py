@@ -414,3 +414,17 @@ def test_one_run_at_a_time_per_out_folder(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(batch.BatchError, match="another ppo-grade is grading into"):
             batch.grade_class(batch.Options(subs, out, CONFIG), config.load(CONFIG, CHECK_IDS))
+
+
+def test_results_are_stale_under_another_hidden_seed(tmp_path, monkeypatch, capsys):
+    """The hidden seed lives outside grading.yaml (environment or file): a new one must regrade
+    everyone, and a malformed one stops the class with the reason before anyone is graded."""
+    keys = {seed: batch.run_key(CONFIG, None, False, seed) for seed in (1, 2)}
+    assert keys[1] != keys[2] and keys[1] == batch.run_key(CONFIG, None, False, 1)
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "ann.py").write_text("x = 1\n")
+    monkeypatch.setenv("PPO_GRADER_HIDDEN_SEED", "not a number")
+    assert cli.main([str(subs), "--out", str(tmp_path / "out"), "--jobs", "1"]) == 1
+    assert "the hidden seed from env is not an integer" in capsys.readouterr().err
+    assert not list((tmp_path / "out").rglob("ann.json"))  # nobody graded

@@ -351,6 +351,16 @@ def test_broken_config_fails_the_grader_but_still_writes_results(tmp_path):
     assert data["score"] == 0 and "autograder failed" in data["output"]
 
 
+def test_a_malformed_hidden_seed_fails_the_grader_without_a_traceback(tmp_path, monkeypatch, capsys):
+    from autograder import cli
+
+    monkeypatch.setenv("PPO_GRADER_HIDDEN_SEED", "abc")
+    assert cli.main([str(ROOT / "assignment" / "exercises.py"), "--results", str(tmp_path / "r.json")]) == 1
+    err = capsys.readouterr().err
+    assert "the hidden seed from env is not an integer" in err and "Traceback" not in err
+    assert "autograder failed" in json.loads((tmp_path / "r.json").read_text())["output"]
+
+
 def test_a_worker_that_never_says_hello_is_the_graders_failure(monkeypatch):
     """The Gradescope failure this guards against: a worker that cannot read what it must is the grader's
     fault, not an import error charged to the student."""
