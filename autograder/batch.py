@@ -585,18 +585,11 @@ def _listing(title: str, rows: list[Row]) -> list[str]:
     return ["", f"## {title}", "", *(f"- {r.student}: {r.status.split(': ', 1)[-1]}" for r in rows)]
 
 
-def _write_text_atomic(text: str, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
-    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def write_gradebook(out: Path, book: Gradebook, ignored: list[str] = ()) -> tuple[Path, Path]:
     """gradebook.csv and summary.md, each replaced atomically."""
     paths = Path(out) / "gradebook.csv", Path(out) / "summary.md"
-    _write_text_atomic(to_csv(book), paths[0])
-    _write_text_atomic(summary_markdown(book, ignored), paths[1])
+    report.write_text_atomic(to_csv(book), paths[0])
+    report.write_text_atomic(summary_markdown(book, ignored), paths[1])
     return paths
 
 

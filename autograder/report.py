@@ -53,12 +53,17 @@ def failure_results(message: str, extra: dict) -> dict:
 
 
 def write_json_atomic(data: dict, path: Path) -> None:
+    write_text_atomic(json.dumps(data, indent=2) + "\n", path, prefix=".results-")
+
+
+def write_text_atomic(text: str, path: Path, prefix: str | None = None) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it (``prefix``, default
+    ``.NAME-``): a reader sees the old file or the new one, never half of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix or f".{path.name}-")
+    with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+        f.write(text)
     os.replace(tmp, path)
 
 
