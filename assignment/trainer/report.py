@@ -92,8 +92,9 @@ def _wall_time(runs: list[dict], staging_seconds: float | None) -> dict[str, Any
             "invocations_without_time": unrecorded}
 
 
-def summarize(run_dir: Path, staging_seconds: float | None = None) -> dict[str, Any]:
-    """The headline figures of the run in ``run_dir``, each computed from its files alone."""
+def summarize(run_dir: Path, staging_seconds: float | None = None, pair: tuple | None = None) -> dict[str, Any]:
+    """The headline figures of the run in ``run_dir``, each computed from its files alone
+    (``pair``: what ``eval_pair(run_dir)`` returns, when the caller has read it already)."""
     from assignment.trainer.config import load_config
 
     runs = json.loads((run_dir / "run.json").read_text())
@@ -101,7 +102,7 @@ def summarize(run_dir: Path, staging_seconds: float | None = None) -> dict[str, 
     if not metrics:
         raise FileNotFoundError(f"{run_dir} has no {METRICS}: not a run")
     cfg = load_config(run_dir / "config.yaml")
-    before, after, step_before, step_after, planned = eval_pair(run_dir)
+    before, after, step_before, step_after, planned = pair or eval_pair(run_dir)
     test = mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after])
     fig_before, fig_after = _eval_figures(before), _eval_figures(after)
     first, last = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
@@ -243,10 +244,11 @@ def _samples(before: list[dict], after: list[dict], per_kind: int = 2) -> list[s
     return lines
 
 
-def render(run_dir: Path, image_name: str, summary: dict) -> str:
-    """The report's Markdown for ``run_dir``; the reward curve is linked as ``image_name``."""
+def render(run_dir: Path, image_name: str, summary: dict, pair: tuple) -> str:
+    """The report's Markdown for ``run_dir`` (``pair``: its ``eval_pair``); the reward curve is
+    linked as ``image_name``."""
     runs = json.loads((run_dir / "run.json").read_text())
-    before, after, step_before, step_after, _ = eval_pair(run_dir)
+    before, after, step_before, step_after, _ = pair
     lines = _headline(summary, run_dir) + ["## Command and machine", ""]
     lines += [_invocation_line(run) for run in runs] + [""]
     lines += _training_table(read_jsonl(run_dir / METRICS)) + [f"![reward curve]({image_name})", ""]
@@ -260,7 +262,8 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
     eval_after.jsonl, metrics.jsonl, config.yaml, run.json."""
     out = out or run_dir / "report.md"
     out.parent.mkdir(parents=True, exist_ok=True)
-    summary = summarize(run_dir, staging_seconds)
+    pair = eval_pair(run_dir)
+    summary = summarize(run_dir, staging_seconds, pair)
     bundle = out.with_suffix("")
     bundle.mkdir(exist_ok=True)
     for name in BUNDLE_FILES:
@@ -279,7 +282,7 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
         plot_run(run_dir)
     image = out.with_suffix(".png")
     _copy(curve, image)
-    out.write_text(render(run_dir, image.name, summary))
+    out.write_text(render(run_dir, image.name, summary, pair))
     return out
 
 
