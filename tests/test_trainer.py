@@ -284,6 +284,25 @@ def test_a_bfloat16_sampler_is_refreshed_every_step_and_keeps_the_first_ratio_at
     assert all(abs(m["stats/approx_kl_first"]) <= FIRST_KL_TOL for m in result.metrics)
 
 
+def test_evaluation_decodes_eagerly_whatever_the_rollout_compiles(tmp_path, monkeypatch):
+    """Greedy evaluation never uses the rollout's static cache or compiled decoding (their graphs
+    are traced for the sampler's dtype and batch shape; evaluate.py says why), while the rollouts
+    keep them; evaluation's prompts are then padded to the longest, not to max_prompt_tokens."""
+    calls = []
+
+    def generate_spy(lm, prompt_ids, prompt_mask, cfg, pad_token_id, eos_ids, greedy=False):
+        calls.append((greedy, cfg.cache_implementation, cfg.compile, prompt_ids.shape[1]))
+        return generate(lm, prompt_ids, prompt_mask, cfg, pad_token_id, eos_ids, greedy)
+
+    monkeypatch.setattr(rollout_module, "generate", generate_spy)
+    cfg = tiny_cfg(tmp_path, "rollout.cache_implementation=static", "rollout.compile=true", "train.steps=1")
+    train(cfg, SOLUTION)
+    evals = [c for c in calls if c[0]]
+    rollouts = [c for c in calls if not c[0]]
+    assert evals and all(c[1:3] == (None, False) and c[3] < cfg.rollout.max_prompt_tokens for c in evals), evals
+    assert rollouts and all(c[1:] == ("static", True, cfg.rollout.max_prompt_tokens) for c in rollouts), rollouts
+
+
 def test_the_generation_copy_is_frozen_and_refreshed_in_its_dtype():
     lm = tiny_llama(vocab_size=30, hidden_size=16, num_layers=1, seed=0)
     lm._compiled_call = lm.__call__  # as transformers leaves it after compiled decoding

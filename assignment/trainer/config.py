@@ -118,13 +118,14 @@ class RolloutConfig:
     top_k: int = 0
     # Forward passes over the rollout run in chunks of this many sequences (memory bound).
     forward_batch_size: int = 64
-    # KV cache of ``generate`` (rollout and evaluation): null, transformers' default dynamic cache;
-    # "static", a preallocated cache (GenerationConfig.cache_implementation). Off by default.
+    # KV cache of the rollout's ``generate``: null, transformers' default dynamic cache; "static",
+    # a preallocated cache (GenerationConfig.cache_implementation). Off by default. Evaluation
+    # always decodes eagerly with the dynamic cache (assignment/trainer/evaluate.py says why).
     cache_implementation: Optional[str] = None
     # With the static cache on CUDA: let transformers compile the decoding step (torch.compile,
     # CUDA graphs). Prompts are then left-padded to max_prompt_tokens for generation, so that the
-    # cache has one shape per batch size: rollouts compile once per run, not once per step
-    # (evaluation batches, another model or size, compile their own). Nothing compiles on CPU.
+    # cache has one shape per batch size: rollouts compile once per run, not once per step.
+    # Nothing compiles on CPU.
     compile: bool = False
     # "bfloat16" (or "float16"): sample the training responses from a copy of the policy's LM
     # with its weights in that dtype, refreshed from the policy before every rollout (verl and
@@ -185,6 +186,8 @@ class KLConfig:
     # 1 + clip(kl / target - 1, -0.2, 0.2) * batch_size / horizon (as TRL and OpenRLHF), so one
     # step moves it by at most 0.2 * batch_size / horizon: pick the horizon for the run's length.
     adaptive: bool = False
+    # The KL budget (nats/sequence): what the adaptive controller steers towards; with a fixed
+    # coefficient, what the run's report checks the last steps' KL against.
     target: float = 6.0
     horizon: int = 10000
 
