@@ -40,7 +40,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
 from assignment.model import PolicyWithValueHead
 from assignment.trainer import checkpoint
-from assignment.trainer.config import Config, RewardConfig, to_yaml
+from assignment.trainer.config import Config, PPOConfig, RewardConfig, to_yaml
 from assignment.trainer.data import Curriculum, Problem, load_problems, training_batch
 from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.loading import DTYPES, build_models, load_tokenizer
@@ -204,7 +204,7 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     disable_dropout(policy)
     disable_dropout(ref)
     problems = load_problems(cfg.data, cfg.train.seed)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.ppo.lr, weight_decay=cfg.ppo.weight_decay)
+    optimizer = torch.optim.AdamW(optimizer_groups(policy, cfg.ppo), lr=cfg.ppo.lr, weight_decay=cfg.ppo.weight_decay)
     scheduler = get_scheduler(cfg.ppo.lr_scheduler, optimizer, num_warmup_steps=cfg.ppo.warmup_steps,
                               num_training_steps=optimizer_steps(cfg))
     kl_ctl, curriculum = KLController(cfg.kl), Curriculum(cfg.data)
@@ -212,6 +212,18 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     sampler = generation_copy(policy.lm, DTYPES[cfg.rollout.generation_dtype]) if cfg.rollout.generation_dtype else None
     return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,
                RunLogger(out, cfg, start_step), start_step, progress, deadline, start_step if resume else None, sampler)
+
+
+def optimizer_groups(policy: PolicyWithValueHead, ppo: PPOConfig) -> list[dict[str, Any]]:
+    """The policy's parameters as AdamW's groups: one at ``ppo.lr``, or, with
+    ``ppo.value_head_lr``, the value head in a group of its own at that rate (the scheduler
+    scales both alike)."""
+    if ppo.value_head_lr is None:
+        return [{"params": list(policy.parameters())}]
+    head = list(policy.value_head.parameters())
+    in_head = {id(param) for param in head}
+    return [{"params": [param for param in policy.parameters() if id(param) not in in_head]},
+            {"params": head, "lr": ppo.value_head_lr}]
 
 
 def restore(out: Path, device: torch.device, policy: PolicyWithValueHead, optimizer: torch.optim.Optimizer,
