@@ -1,599 +1,55 @@
-"""Grade a class: a folder of submissions into per-student results.json, a CSV gradebook and a summary.
+"""Grade a class: a folder of submissions into per-student results and what a TA acts on.
 
-Layout of the folder: one file per student (``alice.py``, the student id is the stem) or one
-folder per student (``alice/exercises.py``, the id is the folder's name; a folder without
-exercises.py may hold exactly one .py file instead). Anything else under a student's name (a
-link, a folder with no or several .py files, two submissions for one id) gets 0 points and the
-reason, as a single grading of an unreadable file does. Hidden entries and top-level files that
-are not .py are ignored (and listed in the summary).
+Outputs in the out folder (README, "Grading a class"):
 
-Outputs in the out folder: ``results/<id>.json`` (exactly what ``ppo-grade FILE`` writes),
-``gradebook.csv`` and ``summary.md`` (both rebuilt from the results files on every run), plus
-``grader-failures/<id>.json`` for students the grader failed on and ``batch-state.json`` (what
-each result was graded from, for resuming).
+* ``results/<id>.json``: exactly what ``ppo-grade FILE`` writes (Gradescope's format);
+* ``gradebook.csv``: one row per student: total, reason, per exercise its points and status,
+  per check its points (UTF-8 with a BOM, for spreadsheets);
+* ``summary.md`` (and ``score-distribution.png`` when matplotlib is importable): the spread,
+  per-exercise means, who did not get a normal grading and why, mistakes by kind, every entry
+  of the submissions folder that was not graded;
+* ``similarity.md`` and ``similarity.csv``: alike pairs and matches of the answer key;
+* ``feedback/<id>.md``: what each student sees;
+* ``grader-failures/<id>.json`` for students the grader failed on and ``batch-state.json``
+  (what each result was graded from, for resuming).
 
-Isolation: ``jobs`` grading processes (spawned: the parent holds torch and threads), each with
-its own sandbox, grade one student after another, as a single grading does. On top of what
-``grade.open_sandbox`` hides, every sandbox hides the submissions folder, the out folder and the
-other processes' stages, and each student's staged file is deleted once graded: otherwise a
-submission could read its classmates' code and raise it into its own feedback.
-
-Resume: a student is skipped when their results file is valid and was graded from the same
-files (same size, inode, mtime and ctime), under the same grading.yaml, exercises and grader
-version. A grader failure leaves no results file, so the next run retries that student.
+Everything but results/ is rebuilt from the results files on every run, so it never disagrees
+with them. The roles live in their own modules, each importing only those before it:
+discovery, grading, pool, state, status, gradebook, roster, summary, similarity, feedback, run.
+Nothing here imports the CLI; the CLI imports run.
 """
 
 from __future__ import annotations
 
-import csv
 import fcntl
-import hashlib
-import io
-import json
-import math
-import multiprocessing
+import importlib.util
 import os
-import shutil
-import signal
 import stat
-import statistics
 import sys
-import tempfile
-import time
-import traceback
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Callable, Iterator, Protocol
+from typing import Iterator, Protocol
 
-from assignment.contract import exercise
+from .. import report
+from ..config import GradingConfig, hidden_seed
+from ..exercises import CHECKS
+from ..sandbox import check_unreadable, detect_strategy
+from . import feedback, roster as rosters, similarity, summary
+from .discovery import Discovery, Notice, discover
+from .gradebook import Gradebook, Row, build_gradebook, to_csv
+from .grading import FAILED, FAILURES, GRADED, REFUSED, RESULTS, Outcome, Setup, unlink  # noqa: F401 (the CLI reads GRADED, REFUSED)
+from .pool import run_pool, slots
+from .state import load_state, plan, run_key, save_state, stale
 
-from . import __version__, report, submission
-from .config import GradingConfig, hidden_seed
-from .exercises import CHECKS
-from .grade import GradingResult, grade, nothing_to_grade, open_sandbox
-from .sandbox import GraderFailure, Sandbox, check_unreadable, detect_strategy
-
-RESULTS, FAILURES, STATE = "results", "grader-failures", "batch-state.json"
-GRADED, REFUSED, FAILED = "graded", "refused", "grader failed"
-MOST_FAILED = 10  # checks listed in summary.md
+SUMMARY, GRADEBOOK, SIMILARITY_MD, SIMILARITY_CSV = "summary.md", "gradebook.csv", "similarity.md", "similarity.csv"
+NO_SUBMISSION = "no submission"
 
 
 class BatchError(RuntimeError):
-    """The class cannot be graded as asked (an empty folder, a folder that would hide the grader)."""
+    """The class cannot be graded as asked (an empty folder, a folder that would hide the grader,
+    a roster that does not match, an --only name that is no student)."""
 
-
-# ---- who is in the class ----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Student:
-    id: str
-    path: Path | None           # the file to grade; None when the layout is wrong
-    folder: Path                # the file must lie inside it once links are resolved
-    problem: str = ""           # why there is nothing to grade, for the student
-    watch: tuple[Path, ...] = ()  # what, changed, makes a result stale
-
-
-@dataclass(frozen=True)
-class Discovery:
-    students: list[Student]
-    ignored: list[str]
-
-
-def discover(root: Path, skip: tuple[Path, ...] = ()) -> Discovery:
-    """The students of the folder ``root``, sorted by id (``skip``: folders that are not students)."""
-    root = Path(root)
-    skipped = {os.path.abspath(p) for p in skip}
-    entries: dict[str, list[Path]] = {}
-    ignored = []
-    for entry in sorted(root.iterdir()):
-        name = entry.name
-        if name.startswith(".") or name == "__pycache__" or os.path.abspath(entry) in skipped:
-            continue
-        if name.endswith(".py") or entry.is_symlink() or entry.is_dir():
-            entries.setdefault(name[:-3] if name.endswith(".py") else name, []).append(entry)
-        else:
-            ignored.append(name)
-    return Discovery([_student(sid, found, root) for sid, found in sorted(entries.items())], ignored)
-
-
-def _student(sid: str, entries: list[Path], root: Path) -> Student:
-    if len(entries) > 1:
-        names = " and ".join(e.name + ("/" if e.is_dir() else "") for e in entries)
-        return Student(sid, None, root, f"two submissions under one name: {names}; submit only one", tuple(entries))
-    entry = entries[0]
-    if not entry.is_dir() or entry.is_symlink() or entry.name.endswith(".py"):
-        return Student(sid, entry, root, "", (entry,))  # submission.read refuses links, folders, FIFOs
-    try:
-        files = sorted(p for p in entry.iterdir() if p.name.endswith(".py") and not p.name.startswith("."))
-    except OSError as err:
-        return Student(sid, None, entry, f"{entry.name}/ cannot be listed ({err.strerror})", (entry,))
-    chosen = entry / "exercises.py" if os.path.lexists(entry / "exercises.py") else \
-        files[0] if len(files) == 1 else None
-    if chosen is not None:
-        return Student(sid, chosen, entry, "", (entry, chosen))
-    problem = f"{entry.name}/ holds no .py file: submit exercises.py" if not files else \
-        f"{entry.name}/ holds {len(files)} .py files ({', '.join(f.name for f in files)}) and no " \
-        "exercises.py: submit only exercises.py"
-    return Student(sid, None, entry, problem, (entry,))
-
-
-def stamp(student: Student) -> list:
-    """What the files of ``student`` look like now; any change (a touch, a new upload) changes it."""
-    found = []
-    for path in student.watch:
-        try:
-            st = os.lstat(path)
-            found.append([st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
-        except OSError:
-            found.append(None)
-    return found
-
-
-# ---- one student ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Setup:
-    """What every grading process needs (pickled to it)."""
-    cfg: GradingConfig
-    config_path: Path
-    out: Path
-    exercises: tuple[int, ...] | None
-    with_training: bool
-    private: tuple[Path, ...] = ()  # hidden from every sandbox: the submissions, the out folder
-    slots: tuple[Path, ...] = ()    # one temporary folder per grading process, hidden from the others
-
-
-@dataclass(frozen=True)
-class Outcome:
-    student: str
-    status: str                     # graded, refused: reason, grader failed: reason
-    score: float | None = None
-    max_score: float | None = None
-    seconds: float = 0.0
-    log: tuple[str, ...] = ()
-    details: str = ""               # the traceback of a grader bug, for the staff
-
-    @property
-    def failed(self) -> bool:
-        return self.status.startswith(FAILED)
-
-
-def results_path(out: Path, sid: str) -> Path:
-    return Path(out) / RESULTS / f"{sid}.json"
-
-
-def failure_path(out: Path, sid: str) -> Path:
-    return Path(out) / FAILURES / f"{sid}.json"
-
-
-def grade_student(student: Student, setup: Setup, get_sandbox: Callable[[], Sandbox | None] = lambda: None,
-                  grade_fn: Callable[..., GradingResult] = grade) -> Outcome:
-    """Grade one student and write their results file; a failure of the grader's own is recorded
-    (grader-failures/<id>.json, no results file) and returned, never raised."""
-    started = time.monotonic()
-    try:
-        result = _grade_or_refuse(student, setup, get_sandbox, grade_fn)
-        data = report.to_gradescope(result)
-        report.write_json_atomic(data, results_path(setup.out, student.id))
-    except GraderFailure as err:
-        return record_failure(setup.out, student.id, str(err), time.monotonic() - started)
-    except Exception as err:  # a bug of the grader's own: the student keeps no result, a rerun retries
-        return record_failure(setup.out, student.id, f"{type(err).__name__}: {err}", time.monotonic() - started,
-                              traceback.format_exc())
-    _unlink(failure_path(setup.out, student.id))
-    return Outcome(student.id, status_of(data), result.score, result.max_score,
-                   round(time.monotonic() - started, 3), tuple(result.log))
-
-
-def _grade_or_refuse(student: Student, setup: Setup, get_sandbox, grade_fn) -> GradingResult:
-    if student.path is None:
-        return nothing_to_grade(setup.cfg, student.problem)
-    try:
-        source = submission.read(student.path, student.folder)
-    except submission.Refused as err:
-        return nothing_to_grade(setup.cfg, str(err))
-    return grade_fn(source, setup.cfg, setup.config_path, with_training=setup.with_training,
-                    exercises=set(setup.exercises) if setup.exercises else None, sandbox=get_sandbox())
-
-
-def record_failure(out: Path, sid: str, message: str, seconds: float = 0.0, details: str = "") -> Outcome:
-    """The grader failed on ``sid``: no results file (a stale one is removed), the reason on file."""
-    _unlink(results_path(out, sid))
-    reason = " ".join(message.split()) or "unknown error"
-    report.write_json_atomic({"student": sid, "reason": reason, "details": details}, failure_path(out, sid))
-    return Outcome(sid, f"{FAILED}: {reason}", seconds=round(seconds, 3), details=details)
-
-
-def status_of(data: dict) -> str:
-    """graded, or refused: the reason. A refused file's results (grade.nothing_to_grade) record no
-    sandbox, and every check carries the reason after its description."""
-    if "sandbox" in data.get("extra_data", {}) or not data.get("tests"):
-        return GRADED
-    return f"{REFUSED}: " + data["tests"][0]["output"].split("\n\n", 1)[-1]
-
-
-def read_results(out: Path, sid: str) -> dict | None:
-    """The results file of ``sid`` if it is one the grader wrote (complete and consistent), else None."""
-    try:
-        data = json.loads(results_path(out, sid).read_text(encoding="utf-8"))
-        tests = data["tests"]
-        if all({"score", "max_score", "status"} <= t.keys() and {"exercise", "check"} <= t["extra_data"].keys()
-               for t in tests) and math.isclose(data["score"], sum(t["score"] for t in tests)):
-            return data
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return None
-
-
-def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-# ---- the grading processes ----------------------------------------------------------------------------
-
-def open_private_sandbox(setup: Setup, slot: int) -> Sandbox:
-    """grade.open_sandbox, hiding as well what is private to the class: the submissions, the out
-    folder and the other grading processes' temporary folders (their stages)."""
-    others = [s for i, s in enumerate(setup.slots) if i != slot]
-    return open_sandbox(setup.cfg, setup.config_path, [*setup.private, *others])
-
-
-class _SandboxHolder:
-    """A grading process's one sandbox: opened when first needed, replaced after a grader failure."""
-
-    def __init__(self, setup: Setup, slot: int):
-        self.setup, self.slot, self.current = setup, slot, None
-
-    def get(self) -> Sandbox:
-        if self.current is None:
-            self.current = open_private_sandbox(self.setup, self.slot)
-        return self.current
-
-    def after(self, outcome: Outcome) -> None:
-        if outcome.failed:
-            self.close()
-        elif self.current is not None:  # the next submission must not find this one's file
-            for staged in self.current.stage.glob("submission-*"):
-                shutil.rmtree(staged, ignore_errors=True)
-
-    def close(self) -> None:
-        sandbox, self.current = self.current, None
-        if sandbox is None:
-            return
-        try:
-            sandbox.close()
-        except BaseException:  # stopped mid-request: end the server the blunt way
-            try:
-                os.killpg(sandbox.server.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            shutil.rmtree(sandbox.stage, ignore_errors=True)
-
-
-class _Stopped(BaseException):
-    """SIGTERM or SIGINT in a grading process: close the sandbox and exit."""
-
-
-def _stop(signum, frame) -> None:
-    for number in (signal.SIGINT, signal.SIGTERM):  # once: the parent's SIGTERM follows a Ctrl-C
-        signal.signal(number, _ignore)
-    raise _Stopped
-
-
-def _ignore(signum, frame) -> None:
-    """Not SIG_IGN: a signal already pending when the handler changes would raise an OSError."""
-
-
-def _examples_as_alone() -> None:
-    """Have this process draw the examples that ``ppo-grade FILE`` draws.
-
-    Hypothesis (6.170, pinned) draws some examples from the literals of every *local* module in
-    sys.modules (hypothesis.internal.conjecture.providers._get_local_constants): an int literal
-    of this module could become an exercise's seed. A single grading has imported
-    autograder.cli and neither this module nor a spawn parent's __mp_main__, so the same here.
-    """
-    import autograder.cli  # noqa: F401
-
-    try:
-        from hypothesis.internal.conjecture import providers
-
-        providers._seen_modules.update(id(sys.modules[name]) for name in (__name__, "__mp_main__")
-                                       if name in sys.modules)
-    except (ImportError, AttributeError):  # another Hypothesis: tests/test_batch.py would tell
-        pass
-
-
-def _serve(conn, setup: Setup, slot: int) -> None:
-    """A grading process: students from ``conn``, one after another, until None or EOF."""
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
-    _examples_as_alone()
-    tempfile.tempdir = str(setup.slots[slot])  # this process's stages, hidden from the other sandboxes
-    holder = _SandboxHolder(setup, slot)
-    try:
-        while True:
-            student = conn.recv()
-            if student is None:
-                break
-            outcome = grade_student(student, setup, holder.get)
-            holder.after(outcome)
-            conn.send(outcome)
-    except (_Stopped, EOFError, BrokenPipeError):
-        pass
-    finally:
-        holder.close()
-
-
-@dataclass
-class _Process:
-    process: multiprocessing.process.BaseProcess
-    conn: object
-    slot: int
-    student: Student | None = None
-
-
-def _start(ctx, setup: Setup, slot: int) -> _Process:
-    ours, theirs = ctx.Pipe()
-    process = ctx.Process(target=_serve, args=(theirs, setup, slot), name=f"ppo-grade-{slot}", daemon=True)
-    process.start()
-    theirs.close()
-    return _Process(process, ours, slot)
-
-
-def _give(p: _Process, queue: deque) -> None:
-    if queue:
-        p.student = queue.popleft()
-        try:
-            p.conn.send(p.student)
-        except OSError:
-            pass  # it died: its sentinel says so
-
-
-def _collect(p: _Process, setup: Setup) -> Outcome:
-    student, p.student = p.student, None
-    try:
-        if p.conn.poll():
-            return p.conn.recv()
-    except (EOFError, OSError):
-        pass
-    p.process.join(5)
-    return record_failure(setup.out, student.id, f"the grading process died (exit status {p.process.exitcode})")
-
-
-def run_pool(todo: list[Student], setup: Setup, jobs: int, on_done: Callable[[Outcome], None]) -> None:
-    """Grade ``todo`` in ``jobs`` spawned processes; ``on_done`` gets each outcome as it comes.
-    A process that dies costs its current student a grader failure and is replaced."""
-    ctx = multiprocessing.get_context("spawn")
-    queue = deque(todo)
-    procs = [_start(ctx, setup, slot) for slot in range(min(jobs, len(todo)))]
-    try:
-        for p in procs:
-            _give(p, queue)
-        while busy := [p for p in procs if p.student is not None]:
-            ready = set(wait([p.conn for p in busy] + [p.process.sentinel for p in busy]))
-            for p in busy:
-                if p.conn in ready or p.process.sentinel in ready:
-                    on_done(_collect(p, setup))
-                    if not p.process.is_alive() and queue:
-                        p.conn.close()
-                        procs[procs.index(p)] = p = _start(ctx, setup, p.slot)
-                    _give(p, queue)
-    except BaseException:
-        _stop_all(procs, force=True)
-        raise
-    _stop_all(procs, force=False)
-
-
-def _stop_all(procs: list[_Process], force: bool) -> None:
-    """Ask each process to finish (None) or, when interrupted, stop it now (SIGTERM: it closes its
-    sandbox first); kill what does not exit in time."""
-    for p in procs:
-        try:
-            p.process.terminate() if force else p.conn.send(None)
-        except OSError:
-            pass
-    for p in procs:
-        p.process.join(15)
-        if p.process.is_alive():
-            p.process.kill()
-            p.process.join()
-        p.conn.close()
-
-
-@contextmanager
-def _slots(jobs: int) -> Iterator[tuple[Path, ...]]:
-    """A private temporary folder per grading process (the sandboxes' stages go there)."""
-    root = Path(tempfile.mkdtemp(prefix="ppo-batch-"))
-    traverse_only = stat.S_IRWXU | stat.S_IXGRP | stat.S_IXOTH  # the user strategy's sandbox user reaches its stage
-    try:
-        os.chmod(root, traverse_only)
-        slots = tuple(root / f"slot-{i}" for i in range(jobs))
-        for slot in slots:
-            slot.mkdir()
-            os.chmod(slot, traverse_only)
-        yield slots
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-# ---- resuming ---------------------------------------------------------------------------------------
-
-def run_key(config_path: Path, exercises: tuple[int, ...] | None, training: bool, hidden_seed: int) -> str:
-    """What a result depends on besides the submission: grading.yaml, the selection, the grader,
-    and the hidden seed (set in the environment or a file, outside grading.yaml; only its hash
-    reaches batch-state.json)."""
-    digest = hashlib.sha256(Path(config_path).read_bytes())
-    digest.update(json.dumps([__version__, list(exercises) if exercises else None, training, hidden_seed]).encode())
-    return digest.hexdigest()[:16]
-
-
-def load_state(out: Path) -> dict:
-    try:
-        state = json.loads((Path(out) / STATE).read_text(encoding="utf-8"))
-        return state["students"] if isinstance(state.get("students"), dict) else {}
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
-def save_state(out: Path, students: dict) -> None:
-    report.write_json_atomic({"students": students}, Path(out) / STATE)
-
-
-@dataclass(frozen=True)
-class Plan:
-    todo: list[Student]
-    kept: list[Student]
-    stamps: dict[str, list]
-
-
-def plan(students: list[Student], out: Path, state: dict, key: str, restart: bool) -> Plan:
-    """Who needs grading: everyone with ``restart``, else those without a valid results file graded
-    from their present files under ``key``."""
-    todo, kept, stamps = [], [], {}
-    for s in students:
-        stamps[s.id] = stamp(s)
-        fresh = not restart and state.get(s.id) == {"run": key, "stamp": stamps[s.id]} \
-            and read_results(out, s.id) is not None
-        (kept if fresh else todo).append(s)
-    return Plan(todo, kept, stamps)
-
-
-# ---- the gradebook ----------------------------------------------------------------------------------
-
-@dataclass
-class Row:
-    student: str
-    status: str
-    total: float | None = None
-    max_score: float | None = None
-    exercises: dict[int, float] = field(default_factory=dict)
-    exercise_max: dict[int, float] = field(default_factory=dict)
-    checks: dict[tuple[int, str], float] = field(default_factory=dict)
-    failed_checks: list[tuple[int, str]] = field(default_factory=list)
-
-
-@dataclass
-class Gradebook:
-    exercises: list[int]                 # 0: the training check
-    checks: list[tuple[int, str]]
-    rows: list[Row]
-
-    def header(self) -> list[str]:
-        return ["student", "total", "max", *(exercise_column(n) for n in self.exercises),
-                *(f"{n}/{c}" for n, c in self.checks), "status"]
-
-    def table(self) -> list[list[str]]:
-        return [[r.student, _num(r.total), _num(r.max_score), *(_num(r.exercises.get(n)) for n in self.exercises),
-                 *(_num(r.checks.get(k)) for k in self.checks), r.status] for r in self.rows]
-
-
-def exercise_column(number: int) -> str:
-    return "training" if number == 0 else f"ex{number}"
-
-
-def columns(exercises: tuple[int, ...] | None, training: bool) -> tuple[list[int], list[tuple[int, str]]]:
-    """The exercises and checks of a run, in the grader's order (the training check last)."""
-    numbers = sorted(exercises) if exercises else sorted(CHECKS)
-    checks = [(n, c.id) for n in numbers for c in CHECKS[n]] + ([(0, "learning")] if training else [])
-    return numbers + ([0] if training else []), checks
-
-
-def build_gradebook(out: Path, ids: list[str], exercises: list[int], checks: list[tuple[int, str]]) -> Gradebook:
-    """The gradebook, from the files in ``out`` alone."""
-    return Gradebook(exercises, checks, [row_for(out, sid, checks) for sid in sorted(ids)])
-
-
-def row_for(out: Path, sid: str, checks: list[tuple[int, str]]) -> Row:
-    data = read_results(out, sid)
-    if data is None:
-        try:
-            reason = json.loads(failure_path(out, sid).read_text(encoding="utf-8"))["reason"]
-            return Row(sid, f"{FAILED}: {reason}")
-        except (OSError, ValueError, KeyError, TypeError):
-            return Row(sid, "not graded")
-    tests = {(t["extra_data"]["exercise"], t["extra_data"]["check"]): t for t in data["tests"]}
-    present = [k for k in checks if k in tests]
-    row = Row(sid, status_of(data), sum(tests[k]["score"] for k in present),
-              sum(tests[k]["max_score"] for k in present), checks={k: tests[k]["score"] for k in present},
-              failed_checks=[k for k in present if tests[k]["status"] == "failed"])
-    for number, check in present:
-        row.exercises[number] = row.exercises.get(number, 0.0) + tests[number, check]["score"]
-        row.exercise_max[number] = row.exercise_max.get(number, 0.0) + tests[number, check]["max_score"]
-    return row
-
-
-def to_csv(book: Gradebook) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(book.header())
-    writer.writerows(book.table())
-    return buffer.getvalue()
-
-
-def _num(value: float | None) -> str:
-    if value is None:
-        return ""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def summary_markdown(book: Gradebook, ignored: list[str] = ()) -> str:
-    """Class size, mean and median total, per-exercise means, the most-failed checks, the refused
-    files and the students the grader failed on."""
-    scored = [r for r in book.rows if r.total is not None]
-    graded = [r for r in scored if r.status == GRADED]
-    failed = [r for r in book.rows if r.status.startswith(FAILED)]
-    refused = [r for r in scored if r.status.startswith(REFUSED)]
-    lines = ["# Gradebook summary", "",
-             f"- Students: {len(book.rows)} (graded {len(graded)}, refused {len(refused)}, grader failed {len(failed)})"]
-    if scored:
-        out_of = max(r.max_score for r in scored)
-        lines.append(f"- Total over the {len(scored)} with a result: mean {statistics.mean(r.total for r in scored):.2f}, "
-                     f"median {_num(statistics.median(r.total for r in scored))} (out of {_num(out_of)})")
-        lines += ["", "## Per exercise", "", "| column | exercise | mean | max |", "|---|---|---:|---:|"]
-        for n in book.exercises:
-            mean = statistics.mean(r.exercises.get(n, 0.0) for r in scored)
-            top = max(r.exercise_max.get(n, 0.0) for r in scored)
-            name = "the learning check" if n == 0 else exercise(n).name
-            lines.append(f"| {exercise_column(n)} | {name} | {mean:.2f} | {_num(top)} |")
-    lines += _most_failed(book, graded)
-    lines += _listing("Refused submissions (0 points, the reason is in their results)", refused)
-    lines += _listing("Grader failures (no results file: rerun the same command to retry)", failed)
-    if ignored:
-        lines += ["", "## Ignored entries (not a student: no .py name, not a folder)", "",
-                  *(f"- `{name}`" for name in ignored)]
-    return "\n".join(lines) + "\n"
-
-
-def _most_failed(book: Gradebook, graded: list[Row]) -> list[str]:
-    counts = {k: sum(k in r.failed_checks for r in graded) for k in book.checks}
-    worst = sorted((k for k in book.checks if counts[k]), key=lambda k: -counts[k])[:MOST_FAILED]
-    lines = ["", f"## Most-failed checks (of the {len(graded)} graded submissions)", ""]
-    if not worst:
-        return lines + ["No check failed."]
-    return lines + ["| check | failed |", "|---|---:|", *(f"| {n}/{c} | {counts[n, c]} |" for n, c in worst)]
-
-
-def _listing(title: str, rows: list[Row]) -> list[str]:
-    if not rows:
-        return []
-    return ["", f"## {title}", "", *(f"- {r.student}: {r.status.split(': ', 1)[-1]}" for r in rows)]
-
-
-def write_gradebook(out: Path, book: Gradebook, ignored: list[str] = ()) -> tuple[Path, Path]:
-    """gradebook.csv and summary.md, each replaced atomically."""
-    paths = Path(out) / "gradebook.csv", Path(out) / "summary.md"
-    report.write_text_atomic(to_csv(book), paths[0])
-    report.write_text_atomic(summary_markdown(book, ignored), paths[1])
-    return paths
-
-
-# ---- a class ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Options:
@@ -604,6 +60,10 @@ class Options:
     exercises: tuple[int, ...] | None = None
     with_training: bool = False
     restart: bool = False
+    only: tuple[str, ...] = ()       # grade exactly these students again (the others are left as they are)
+    roster: Path | None = None       # a CSV: id, name, email
+    published: bool = False          # feedback/<id>.md with the hidden checks (after publication)
+    as_alone: tuple[str, ...] = ()   # modules a single grading imports (pool._examples_as_alone)
 
 
 class Progress(Protocol):
@@ -623,14 +83,23 @@ class _Silent:
 class BatchResult:
     gradebook: Gradebook
     graded_now: list[str]      # graded (or refused) in this run
-    kept: list[str]            # unchanged since an earlier run
+    kept: list[str]            # unchanged since an earlier run (or left alone by --only)
     failed: list[str]          # the grader failed on them (no results file)
-    ignored: list[str]
+    notices: list[Notice]      # entries not graded, or graded under a bent name
     jobs: int
     strategy: str
-    notes: list[str]
+    notes: list[str]           # for the TA: the sandbox, stale results left by --only, roster gaps
     csv_path: Path
     summary_path: Path
+    similarity: similarity.Similarity
+    similarity_path: Path
+    feedback_path: Path
+    png_path: Path | None = None
+    absent: list[str] = field(default_factory=list)  # roster students without a submission
+
+    @property
+    def ignored(self) -> list[str]:
+        return [n.entry for n in self.notices if n.student is None]
 
     @property
     def exit_code(self) -> int:
@@ -640,27 +109,43 @@ class BatchResult:
 def grade_class(options: Options, cfg: GradingConfig, progress: Progress = _Silent()) -> BatchResult:
     """Grade every student of ``options.submissions`` who needs it, then write the gradebook.
     Raises BatchError (nothing to grade, a folder that cannot be hidden, another run on the same
-    out folder) or GraderFailure (the sandbox cannot keep the class private); KeyboardInterrupt
-    leaves every finished result in place."""
+    out folder, a roster or --only that does not match) or GraderFailure (the sandbox cannot
+    keep the class private); KeyboardInterrupt leaves every finished result in place."""
     out = Path(options.out)
     found = discover(options.submissions, skip=(out,))
     if not found.students:
         raise BatchError(f"no submissions in {options.submissions}: expected NAME.py files or one folder per student")
+    ids = [s.id for s in found.students]
+    unknown = sorted(set(options.only) - set(ids))
+    if unknown:
+        raise BatchError(f"--only: no student {', '.join(unknown)} in {options.submissions} "
+                         f"(students are named by their file or folder: {', '.join(ids[:8])}{', ...' if len(ids) > 8 else ''})")
+    roster = None
+    if options.roster is not None:
+        try:
+            roster = rosters.load(options.roster)
+            rosters.check(roster, ids, options.roster)
+        except rosters.RosterError as err:
+            raise BatchError(str(err)) from None
     (out / RESULTS).mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
         for folder, pattern in [(out, ".gradebook.csv-*"), (out, ".summary.md-*"), (out, ".results-*"),
-                                (out / RESULTS, ".results-*"), (out / FAILURES, ".results-*")]:
+                                (out, ".similarity.*-*"), (out / RESULTS, ".results-*"),
+                                (out / FAILURES, ".results-*"), (out / feedback.FOLDER, ".*.md-*")]:
             for leftover in folder.glob(pattern):  # temporary files of atomic writes cut short
-                _unlink(leftover)
-        return _grade_and_write(options, cfg, found, progress)
+                unlink(leftover)
+        return _grade_and_write(options, cfg, found, roster, progress)
 
 
-def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, progress: Progress) -> BatchResult:
+def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, roster: rosters.Roster | None,
+                     progress: Progress) -> BatchResult:
     out, exercises = Path(options.out), tuple(sorted(options.exercises)) if options.exercises else None
     training = options.with_training or cfg.training.enabled
     key, state = run_key(options.config_path, exercises, training, hidden_seed(cfg)[0]), load_state(out)
-    todo = plan(found.students, out, state, key, options.restart)
+    only = frozenset(options.only) if options.only else None
+    todo = plan(found.students, out, state, key, options.restart, only)
     strategy, jobs, notes = _jobs(cfg, options.jobs, len(todo.todo))
+    notes += [f"warning: {n}" for n in found.notices]
     graded, failed = [], []
 
     def done(outcome: Outcome) -> None:
@@ -672,16 +157,62 @@ def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, pro
         save_state(out, state)
         progress.done(outcome)
 
-    with _slots(max(jobs, 1)) as slots:
+    with slots(max(jobs, 1)) as private_slots:
         setup = Setup(cfg, Path(options.config_path), out, exercises, options.with_training,
-                      (Path(options.submissions).resolve(), out.resolve()), slots)
+                      (Path(options.submissions).resolve(), out.resolve()), private_slots, options.as_alone)
         _preflight(setup, strategy)
+        if only is not None:
+            left = stale([s for s in found.students if s.id not in only], out, state, key, todo.stamps)
+            if left:
+                notes.append(f"--only left {len(left)} students whose results are missing or older than their files "
+                             f"({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}): rerun without --only")
+        absent = rosters.check(roster, [s.id for s in found.students], options.roster) if roster else []
+        notes += [f"warning: {sid} is in the roster but has no submission" for sid in absent]
         progress.start(len(todo.todo), len(todo.kept), jobs, notes)
         run_pool(todo.todo, setup, jobs, done)
-    book = build_gradebook(out, [s.id for s in found.students], *columns(exercises, training))
-    csv_path, summary_path = write_gradebook(out, book, found.ignored)
-    return BatchResult(book, graded, [s.id for s in todo.kept], failed, found.ignored, jobs, strategy, notes,
-                       csv_path, summary_path)
+    return _write_outputs(options, found, roster, absent, exercises, training,
+                          dict(graded=graded, kept=[s.id for s in todo.kept], failed=failed, jobs=jobs,
+                               strategy=strategy, notes=notes))
+
+
+def _write_outputs(options: Options, found: Discovery, roster: rosters.Roster | None, absent: list[str],
+                   exercises: tuple[int, ...] | None, training: bool, run: dict) -> BatchResult:
+    """Everything but results/, rebuilt from the out folder's files."""
+    out, ids = Path(options.out), [s.id for s in found.students]
+    book = build_gradebook(out, ids, fallback_columns(exercises, training),
+                           roster.students if roster else None, roster.columns if roster else [])
+    book.rows += [Row(sid, NO_SUBMISSION, reason=NO_SUBMISSION, extra=dict(roster.students[sid])) for sid in absent]
+    book.rows.sort(key=lambda r: r.student)
+    csv_path, summary_path = out / GRADEBOOK, out / SUMMARY
+    report.write_text_atomic(to_csv(book), csv_path)
+    png_path = out / summary.HISTOGRAM_PNG
+    scored = [r.total for r in book.rows if r.total is not None]
+    drawn = bool(scored) and summary.write_png(
+        summary.histogram(scored, max(r.max_score for r in book.rows if r.max_score is not None)), png_path)
+    if not drawn:
+        unlink(png_path)
+    report.write_text_atomic(summary.summary_markdown(book, found.notices, png_path.name if drawn else None, absent),
+                             summary_path)
+    similar = similarity.report(found.students, _module_file("assignment.exercises"),
+                                _module_file("solutions.exercises"))
+    report.write_text_atomic(similarity.to_markdown(similar), out / SIMILARITY_MD)
+    report.write_text_atomic(similarity.to_csv(similar), out / SIMILARITY_CSV)
+    feedback_path = feedback.write(out, ids, options.published)
+    return BatchResult(book, run["graded"], run["kept"], run["failed"], found.notices, run["jobs"], run["strategy"],
+                       run["notes"], csv_path, summary_path, similar, out / SIMILARITY_MD, feedback_path,
+                       png_path if drawn else None, absent)
+
+
+def fallback_columns(exercises: tuple[int, ...] | None, training: bool) -> tuple[list[int], list[tuple[int, str]]]:
+    """The exercises and checks of a run when no results file says (every grading failed)."""
+    numbers = sorted(exercises) if exercises else sorted(CHECKS)
+    checks = [(n, c.id) for n in numbers for c in CHECKS[n]] + ([(0, "learning")] if training else [])
+    return numbers + ([0] if training else []), checks
+
+
+def _module_file(name: str) -> Path:
+    """A module's file, found without importing it (the starter and the key are compared as text)."""
+    return Path(importlib.util.find_spec(name).origin)
 
 
 @contextmanager

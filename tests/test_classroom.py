@@ -1,4 +1,4 @@
-"""Grading a class: ``ppo-grade FOLDER --out DIR`` (autograder/batch.py).
+"""Grading a class: ``ppo-grade FOLDER --out DIR`` (autograder/classroom/).
 
 The class run grades every exercise of a corpus class with few examples per check (a copy of
 grading.yaml written to a file, since the CLI reads --config), in two processes; every CSV row
@@ -21,7 +21,8 @@ import pytest
 from omegaconf import OmegaConf
 
 import corpus
-from autograder import batch, cli, config, report, submission
+from autograder import cli, config, report, submission
+from autograder.classroom import discovery, grading, gradebook, pool, run, state
 from autograder.exercises import CHECK_IDS, CHECKS
 from autograder.grade import GradingResult, nothing_to_grade
 from autograder.sandbox import GraderFailure
@@ -108,7 +109,7 @@ def graded_class(tmp_path_factory) -> ClassRun:
 
 
 def read_csv(path: Path) -> list[dict]:
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8-sig") as f:
         return list(csv.DictReader(f))
 
 
@@ -120,7 +121,7 @@ def without_time(data: dict) -> dict:
 
 # Single gradings as `ppo-grade FILE` makes them: in a process that has imported autograder.cli and
 # no test module. Hypothesis draws some examples from the literals of the local modules imported
-# (see batch._examples_as_alone), so a grading inside pytest would meet other examples. `-c`: the
+# (see classroom/pool._examples_as_alone), so a grading inside pytest would meet other examples. `-c`: the
 # script itself is no module. One sandbox serves them all, as in tests/test_grader.py.
 SINGLE_GRADINGS = """
 import json, sys
@@ -292,7 +293,7 @@ def fake_grade(broken: set[str], graded: list[str]):
 def in_process(grade_fn):
     def run_pool(todo, setup, jobs, on_done):
         for student in todo:
-            on_done(batch.grade_student(student, setup, grade_fn=grade_fn))
+            on_done(grading.grade_student(student, setup, grade_fn=grade_fn))
     return run_pool
 
 
@@ -302,7 +303,7 @@ def test_grader_failures_are_recorded_exit_1_and_the_others_are_kept(tmp_path, m
     for sid in ("alice", "fork", "keyerror"):
         (subs / f"{sid}.py").write_text(sid + "\n")
     broken, graded = {"fork", "keyerror"}, []
-    monkeypatch.setattr(batch, "run_pool", in_process(fake_grade(broken, graded)))
+    monkeypatch.setattr(run, "run_pool", in_process(fake_grade(broken, graded)))
     args = [str(subs), "--out", str(out)]
     assert cli.main(args) == 1
     rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
@@ -313,7 +314,8 @@ def test_grader_failures_are_recorded_exit_1_and_the_others_are_kept(tmp_path, m
     assert sorted(p.name for p in (out / "results").iterdir()) == ["alice.json"]
     assert "Traceback" in json.loads((out / "grader-failures" / "keyerror.json").read_text())["details"]
     summary = (out / "summary.md").read_text()
-    assert "## Grader failures" in summary and "- fork: starting the fork server" in summary
+    assert "## Students without a normal grading" in summary
+    assert "| fork | grader failure: starting the fork server" in summary
     captured = capsys.readouterr()
     assert "the grader failed on fork" in captured.err and "rerun to retry" in captured.out
 
@@ -328,17 +330,17 @@ def test_a_failure_removes_a_stale_result_so_that_the_next_run_retries(tmp_path)
     subs, out = tmp_path / "subs", tmp_path / "out"
     subs.mkdir()
     (subs / "alice.py").write_text("alice\n")
-    student = batch.discover(subs).students[0]
-    setup = batch.Setup(config.load(CONFIG, CHECK_IDS), CONFIG, out, None, False)
-    first = batch.grade_student(student, setup, grade_fn=fake_grade(set(), []))
-    assert first.status == "graded" and batch.read_results(out, "alice") is not None
-    failed = batch.grade_student(student, setup, grade_fn=fake_grade({"alice"}, []))
-    assert failed.failed and batch.read_results(out, "alice") is None
-    row = batch.row_for(out, "alice", batch.columns(None, False)[1])
+    student = discovery.discover(subs).students[0]
+    setup = grading.Setup(config.load(CONFIG, CHECK_IDS), CONFIG, out, None, False)
+    first = grading.grade_student(student, setup, grade_fn=fake_grade(set(), []))
+    assert first.status == "graded" and grading.read_results(out, "alice") is not None
+    failed = grading.grade_student(student, setup, grade_fn=fake_grade({"alice"}, []))
+    assert failed.failed and grading.read_results(out, "alice") is None
+    row = gradebook.row_for(out, "alice", run.fallback_columns(None, False)[1])
     assert row.status == failed.status and row.total is None
 
 
-class _DiesOnArrival(batch.Student):
+class _DiesOnArrival(discovery.Student):
     """Unpickling it in the grading process ends that process (a crash of the grader's own)."""
 
     def __reduce__(self):
@@ -348,10 +350,10 @@ class _DiesOnArrival(batch.Student):
 def test_a_grading_process_that_dies_costs_only_its_student(tmp_path):
     out = tmp_path / "out"
     (out / "results").mkdir(parents=True)
-    setup = batch.Setup(config.load(CONFIG, CHECK_IDS), CONFIG, out, None, False, slots=(tmp_path,))
-    todo = [_DiesOnArrival("crash", None, tmp_path, "x"), batch.Student("zoe", None, tmp_path, "an empty folder")]
+    setup = grading.Setup(config.load(CONFIG, CHECK_IDS), CONFIG, out, None, False, slots=(tmp_path,))
+    todo = [_DiesOnArrival("crash", None, tmp_path, "x"), discovery.Student("zoe", None, tmp_path, "an empty folder")]
     outcomes = []
-    batch.run_pool(todo, setup, 1, outcomes.append)
+    pool.run_pool(todo, setup, 1, outcomes.append)
     assert [o.student for o in outcomes] == ["crash", "zoe"]
     assert outcomes[0].status == "grader failed: the grading process died (exit status 3)"
     assert outcomes[1].status == "refused: an empty folder"
@@ -360,6 +362,8 @@ def test_a_grading_process_that_dies_costs_only_its_student(tmp_path):
 # ---- layouts and usage ----------------------------------------------------------------------------
 
 def test_layouts(tmp_path):
+    """The accepted-names rule (classroom/discovery.py, README): every entry not graded, or graded
+    under a bent name, gets a notice; none is dropped in silence."""
     root = tmp_path / "subs"
     root.mkdir()
     (root / "a.py").write_text("x")
@@ -374,15 +378,28 @@ def test_layouts(tmp_path):
     (root / "f").symlink_to(root / "c")
     (root / ".hidden.py").write_text("x")
     (root / "README.txt").write_text("x")
+    (root / "rita.PY").write_text("x")  # a submission: the extension in any case
+    (root / "xavier").mkdir()
+    (root / "xavier" / "exercises.py").write_text("x")
+    (root / "xavier" / "exercises_old.py").write_text("x")
     (root / "out").mkdir()
-    found = batch.discover(root, skip=(root / "out",))
+    found = discovery.discover(root, skip=(root / "out",))
     by_id = {s.id: s for s in found.students}
-    assert list(by_id) == ["a", "b", "c", "d", "e", "f"] and found.ignored == ["README.txt"]
+    assert list(by_id) == ["a", "b", "c", "d", "e", "f", "rita", "xavier"]
+    assert found.ignored == [".hidden.py", "README.txt"]
     assert by_id["a"].path == root / "a.py" and by_id["a"].folder == root
     assert by_id["b"].path == root / "b" / "exercises.py" and by_id["b"].folder == root / "b"
     assert by_id["c"].path == root / "c" / "one.py"
     assert by_id["d"].path is None and "no .py file" in by_id["d"].problem
     assert by_id["e"].path is None and "two submissions" in by_id["e"].problem
+    assert by_id["rita"].path == root / "rita.PY"
+    assert by_id["xavier"].path == root / "xavier" / "exercises.py"
+    notices = {n.entry: n for n in found.notices}
+    assert sorted(notices) == [".hidden.py", "README.txt", "b/helpers.py", "rita.PY", "xavier/exercises_old.py"]
+    assert notices["xavier/exercises_old.py"].student == "xavier" and "xavier/exercises.py is" in \
+        notices["xavier/exercises_old.py"].why
+    assert notices["rita.PY"].student == "rita" and "not lowercase" in notices["rita.PY"].why
+    assert notices["README.txt"].student is None and "not a student" in notices["README.txt"].why
     with pytest.raises(submission.Refused, match="symbolic link"):
         submission.read(by_id["f"].path, by_id["f"].folder)
 
@@ -412,15 +429,15 @@ def test_one_run_at_a_time_per_out_folder(tmp_path):
     out.mkdir()
     with open(out / ".lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        with pytest.raises(batch.BatchError, match="another ppo-grade is grading into"):
-            batch.grade_class(batch.Options(subs, out, CONFIG), config.load(CONFIG, CHECK_IDS))
+        with pytest.raises(run.BatchError, match="another ppo-grade is grading into"):
+            run.grade_class(run.Options(subs, out, CONFIG), config.load(CONFIG, CHECK_IDS))
 
 
 def test_results_are_stale_under_another_hidden_seed(tmp_path, monkeypatch, capsys):
     """The hidden seed lives outside grading.yaml (environment or file): a new one must regrade
     everyone, and a malformed one stops the class with the reason before anyone is graded."""
-    keys = {seed: batch.run_key(CONFIG, None, False, seed) for seed in (1, 2)}
-    assert keys[1] != keys[2] and keys[1] == batch.run_key(CONFIG, None, False, 1)
+    keys = {seed: state.run_key(CONFIG, None, False, seed) for seed in (1, 2)}
+    assert keys[1] != keys[2] and keys[1] == state.run_key(CONFIG, None, False, 1)
     subs = tmp_path / "subs"
     subs.mkdir()
     (subs / "ann.py").write_text("x = 1\n")
