@@ -102,7 +102,7 @@ def histogram(totals: list[float], out_of: float) -> list[tuple[float, float, in
 def text_histogram(bins: list[tuple[float, float, int]]) -> list[str]:
     top = max((c for _, _, c in bins), default=0) or 1
     last = len(bins) - 1
-    return [f"{number_text(lo):>5}-{number_text(hi):<5}{']' if i == last else ')'} {'#' * round(BAR * c / top):<{BAR}} {c}"
+    return [f"[{number_text(lo):>4}, {number_text(hi):>4}{']' if i == last else ')'} {'#' * round(BAR * c / top):<{BAR}} {c}"
             for i, (lo, hi, c) in enumerate(bins)]
 
 
