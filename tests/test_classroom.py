@@ -9,6 +9,7 @@ Failures of the grader are tested in-process with a fake ``grade``.
 from __future__ import annotations
 
 import csv
+import io
 import dataclasses
 import json
 import os
@@ -445,3 +446,203 @@ def test_results_are_stale_under_another_hidden_seed(tmp_path, monkeypatch, caps
     assert cli.main([str(subs), "--out", str(tmp_path / "out"), "--jobs", "1"]) == 1
     assert "the hidden seed from env is not an integer" in capsys.readouterr().err
     assert not list((tmp_path / "out").rglob("ann.json"))  # nobody graded
+
+
+# ---- what a TA acts on: reasons, mistakes by kind, feedback, similarity, --only, the roster ---------
+
+from autograder import grade as grade_module  # noqa: E402
+from autograder import sandbox as sandbox_module  # noqa: E402
+from autograder.classroom import feedback, roster, similarity, status, summary  # noqa: E402
+
+CFG = config.load(CONFIG, CHECK_IDS)
+
+
+def results_with(failures: dict[tuple[int, str], str]) -> dict:
+    """results.json as the grader writes it: every check passed but ``failures`` (check -> feedback)."""
+    checks = [dataclasses.replace(c, score=0.0 if (c.exercise, c.check) in failures else c.max_score,
+                                  feedback=failures.get((c.exercise, c.check), ""), passed=None)
+              for c in nothing_to_grade(CFG, "").checks]
+    return report.to_gradescope(GradingResult(checks, {"sandbox": "fake"}, 0.0))
+
+
+def visible(n: int) -> list[str]:
+    return [c.id for c in CHECKS[n] if not c.hidden]
+
+
+def hidden(n: int) -> list[str]:
+    return [c.id for c in CHECKS[n] if c.hidden]
+
+
+def whole_exercise(n: int, feedback_text: str, hidden_text: str | None = None) -> dict[tuple[int, str], str]:
+    """Every check of exercise n failed as the grader fails them after a fatal abort."""
+    return {**{(n, c): feedback_text for c in visible(n)},
+            **{(n, c): hidden_text or grade_module._hidden_feedback(n, "crash") for c in hidden(n)}}
+
+
+COUNTEREXAMPLE = "Counterexample (shrunk):\n    x = 1\nloss: expected 1, got -1"
+SIGN_HINT = "your loss has the opposite sign"
+
+
+def write_class(out: Path, results: dict[str, dict]) -> None:
+    for sid, data in results.items():
+        report.write_json_atomic(data, grading.results_path(out, sid))
+
+
+def test_statuses_and_reasons_from_the_graders_own_words():
+    """Each status comes from the phrase grade.py or sandbox.py writes (built from them where they
+    are functions); the class tests see the same phrases come out of real gradings."""
+    import_error = grade_module.calls.StudentError({"type": "ModuleNotFoundError", "message": "No module named 'x'"})
+    syntax = grade_module.calls.StudentError({"type": "SyntaxError", "message": "invalid syntax (line 3)"})
+    cases = {
+        "importer": ({k: status.IMPORT_FAILED + import_error.describe() for n in CHECKS for k in
+                      whole_exercise(n, "")}, {n: status.IMPORT_ERROR for n in CHECKS},
+                     "import error: raised ModuleNotFoundError: No module named 'x'"),
+        "syntax": ({k: status.IMPORT_FAILED + syntax.describe() for n in CHECKS for k in whole_exercise(n, "")},
+                   {n: status.SYNTAX_ERROR for n in CHECKS}, "syntax error: raised SyntaxError: invalid syntax (line 3)"),
+        "slow": (whole_exercise(3, "the call took longer than its time limit; the remaining checks of this exercise "
+                                   "were not run"), {3: status.TIMEOUT}, "ex3 timeout"),
+        "hog": (whole_exercise(4, sandbox_module._death_reason(-9, "") + "; the remaining checks were not run"),
+                {4: status.OUT_OF_MEMORY}, "ex4 out of memory"),
+        "memerr": (whole_exercise(2, f"ran out of memory (the worker's cap is {CFG.worker.memory_mb} MiB): x; the "
+                                     "remaining checks of this exercise were not run"), {2: status.OUT_OF_MEMORY},
+                   "ex2 out of memory"),
+        "partial": ({**whole_exercise(5, "not implemented: Exercise 5 is not implemented yet",
+                                      grade_module._hidden_feedback(5, "not implemented")),
+                     (1, "loss"): COUNTEREXAMPLE}, {5: status.NOT_ATTEMPTED}, "ex5 not attempted"),
+        "wrong": ({(1, "loss"): COUNTEREXAMPLE, (1, hidden(1)[0]): grade_module._hidden_feedback(1, "crash")}, {}, ""),
+    }
+    for sid, (failures, expected, reason) in cases.items():
+        data = results_with(failures)
+        got = status.student_status(data, grading.status_of(data), None, sorted(CHECKS))
+        assert got.exercises == {n: expected.get(n, status.GRADED) for n in CHECKS}, sid
+        assert got.reason == reason, sid
+    refused = report.to_gradescope(nothing_to_grade(CFG, "eve.py is a symbolic link, not a file"))
+    got = status.student_status(refused, grading.status_of(refused), None, [1, 2])
+    assert got.exercises == {1: "refused", 2: "refused"} and got.reason == "refused: eve.py is a symbolic link, not a file"
+    got = status.student_status(None, "", "the fork server died", [1])
+    assert got.exercises == {1: "grader failure"} and got.reason == "grader failure: the fork server died"
+
+
+def test_mistakes_by_kind_count_each_student_once_and_leave_out_what_was_not_attempted(tmp_path):
+    hint = f"{COUNTEREXAMPLE}\nHint: {SIGN_HINT}."
+    write_class(tmp_path, {
+        # the same mistake on two visible checks and their hidden twins: counted once
+        "ann": results_with({(1, "loss"): hint, (1, "gradient"): hint,
+                             **{(1, c): grade_module._hidden_feedback(1, "mismatch") for c in hidden(1)}}),
+        "ben": results_with({(1, "loss"): hint}),
+        # a wrong result no hint matched, and a failure on hidden inputs alone
+        "cid": results_with({(1, "loss"): COUNTEREXAMPLE, (2, hidden(2)[0]): grade_module._hidden_feedback(2, "mismatch")}),
+        # the blank: every exercise not attempted, in no mistake
+        "dee": results_with({k: v for n in CHECKS for k, v in whole_exercise(
+            n, "not implemented: blank", grade_module._hidden_feedback(n, "not implemented")).items()}),
+        "eve": results_with({}),
+    })
+    book = gradebook.build_gradebook(tmp_path, ["ann", "ben", "cid", "dee", "eve"], run.fallback_columns(None, False))
+    found = {(m.exercise, m.kind): m.students for m in summary.mistakes(book)}
+    assert found == {
+        (1, SIGN_HINT): ("ann", "ben"),
+        (1, summary.NO_HINT): ("cid",),
+        (2, "passes the visible checks, fails the hidden ones (a value differs from the reference)"): ("cid",),
+    }
+    text = summary.summary_markdown(book)
+    assert f"| ex1 | {SIGN_HINT} | 2 | ann, ben |" in text
+    assert "| dee | not attempted (every exercise) |" in text and "| ann |" not in text.split("## Mistakes")[0]
+    assert "[  90,  100] " in text  # the text histogram's last bin holds the full marks
+
+
+def test_feedback_shows_the_visible_checks_and_the_hidden_ones_only_once_published(tmp_path):
+    data = results_with({(1, "loss"): f"{COUNTEREXAMPLE}\nHint: {SIGN_HINT}.",
+                         (1, hidden(1)[0]): grade_module._hidden_feedback(1, "mismatch")})
+    write_class(tmp_path, {"ann": data})
+    before = feedback.render("ann", data)
+    after = feedback.render("ann", data, published=True)
+    assert "Counterexample" in before and SIGN_HINT in before and "Visible checks:" in before
+    assert hidden(1)[0] not in before and "failed on the hidden inputs" not in before
+    assert hidden(1)[0] in after and "failed on the hidden inputs" in after and "**Total: " in after
+    assert feedback.fence("a ```` b").startswith("`````text")  # student text cannot close the fence
+    feedback.write(tmp_path, ["ann", "nobody"])
+    assert (tmp_path / "feedback" / "ann.md").read_text() == before
+    assert not (tmp_path / "feedback" / "nobody.md").exists()
+
+
+def test_similarity_names_copies_and_key_matches_but_not_independent_work():
+    starter, key = BLANK.read_text(), SOLUTION.read_text()
+    mutant = corpus.render(corpus.by_name("gae_no_whitening"))
+    renamed = mutant.replace("advantages", "adv_estimates").replace("    ### END SOLUTION", "    # my own work\n    ### END SOLUTION")
+    independent = {p.stem: p.read_text() for p in sorted((ROOT / "tests" / "submissions").glob("correct_*.py"))}
+    assert len(independent) >= 5
+    texts = {"twin_a": mutant, "twin_b": mutant, "disguised": renamed, "keycopy": key, **independent}
+    result = similarity.compare(texts, starter, key)
+    pairs = {(p.a, p.b): p for p in result.pairs}
+    assert pairs["twin_a", "twin_b"].identical and pairs["twin_a", "twin_b"].same_code
+    assert pairs["disguised", "twin_a"].same_code and not pairs["disguised", "twin_a"].identical
+    assert not any(a in independent and b in independent for a, b in pairs), pairs.keys()
+    by_student = {p.a: p for p in result.key}
+    assert by_student["keycopy"].identical and result.markers == ["disguised", "keycopy", "twin_a", "twin_b"]
+    assert not set(by_student) & set(independent)
+    md = similarity.to_markdown(result)
+    assert "| twin_a | twin_b | 100% |" in md and "| keycopy | 100% | yes | yes | yes |" in md
+    rows = list(csv.DictReader(io.StringIO(similarity.to_csv(result).removeprefix("\ufeff"))))
+    assert {"student_a": "keycopy", "student_b": similarity.KEY, "identical": "yes"}.items() <= rows[0].items()
+
+
+def test_only_regrades_exactly_the_named_students_and_rebuilds_the_gradebook(tmp_path, monkeypatch, capsys):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs.mkdir()
+    for sid in ("ann", "ben", "cid", "dee"):
+        (subs / f"{sid}.py").write_text(sid + "\n")
+    graded = []
+    monkeypatch.setattr(run, "run_pool", in_process(fake_grade(set(), graded)))
+    args = [str(subs), "--out", str(out), "--jobs", "1"]
+    assert cli.main(args) == 0 and sorted(graded) == ["ann", "ben", "cid", "dee"]
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "results").iterdir()}
+    (out / "gradebook.csv").unlink()
+    (subs / "dee.py").write_text("dee, changed\n")  # stale, but not named: left as it is
+    graded.clear()
+    assert cli.main(args + ["--only", "ben", "cid"]) == 0
+    assert sorted(graded) == ["ben", "cid"]
+    changed = {p.name for p in (out / "results").iterdir() if p.stat().st_mtime_ns != before[p.name]}
+    assert changed == {"ben.json", "cid.json"}
+    assert [r["student"] for r in read_csv(out / "gradebook.csv")] == ["ann", "ben", "cid", "dee"]
+    captured = capsys.readouterr()
+    assert "--only left 1 students whose results are missing or older than their files (dee)" in captured.err
+    assert "(2 this run" in captured.out and "2 kept" in captured.out
+    graded.clear()
+    assert cli.main(args + ["--only", "zed"]) == 1 and not graded
+    assert "--only: no student zed in" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(args + ["--only", "ann", "--restart"])
+
+
+def test_gradebook_csv_opens_in_spreadsheets_and_takes_names_from_a_roster(tmp_path, monkeypatch, capsys):
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs.mkdir()
+    for sid in ("s001", "s002"):
+        (subs / f"{sid}.py").write_text(sid + "\n")
+    (subs / "=cmd.py").write_text("x\n")  # a file name a spreadsheet would run as a formula
+    monkeypatch.setattr(run, "run_pool", in_process(fake_grade(set(), [])))
+    roster_csv = tmp_path / "roster.csv"
+    roster_csv.write_text("\ufeffID,Name,Email,Section\ns001,José Müller,jose@example.edu,A\n"
+                          "s002,Zoë Ødegård,zoe@example.edu,B\n=cmd,Mallory,m@example.edu,C\ns003,Absent Student,a@x,A\n",
+                          encoding="utf-8")
+    assert cli.main([str(subs), "--out", str(out), "--roster", str(roster_csv)]) == 0
+    raw = (out / "gradebook.csv").read_bytes()
+    assert raw.startswith(b"\xef\xbb\xbf") and "José Müller".encode() in raw  # UTF-8 with a BOM
+    rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
+    assert list(next(iter(rows.values())))[:5] == ["student", "name", "email", "total", "max"]
+    assert rows["s001"]["name"] == "José Müller" and rows["s002"]["email"] == "zoe@example.edu"
+    assert "'=cmd" in rows and rows["'=cmd"]["name"] == "Mallory"
+    assert rows["s003"]["reason"] == "no submission" and rows["s003"]["total"] == ""
+    assert "s003 is in the roster but has no submission" in capsys.readouterr().err
+    assert "| s003 | no submission (in the roster) |" in (out / "summary.md").read_text()
+
+    roster_csv.write_text("id,name\ns001,José\n", encoding="utf-8")  # s002 and =cmd are missing
+    assert cli.main([str(subs), "--out", str(out), "--roster", str(roster_csv)]) == 1
+    err = capsys.readouterr().err
+    assert "2 submissions have an id that is not in the roster" in err and "=cmd, s002" in err
+    assert "Traceback" not in err
+    for text, message in [("name,email\nx,y\n", "has no 'id' column"), ("id,section\ns001,A\n", "neither a 'name'"),
+                          ("id,name\ns001,a\ns001,b\n", "more than once: s001")]:
+        roster_csv.write_text(text)
+        with pytest.raises(roster.RosterError, match=message):
+            roster.load(roster_csv)
