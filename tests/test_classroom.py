@@ -38,6 +38,11 @@ MUTANTS = ["policy_sign_flipped", "policy_clipfrac_ge", "value_missing_half", "v
            "entropy_sign_flipped", "entropy_no_upcast", "gae_forward_loop", "gae_no_whitening",
            "update_no_temperature", "update_zero_grad_first"]
 ALTERNATIVES = ["alt_vectorized_gae", "alt_categorical_entropy", "alt_where_masking", "alt_log_softmax_gather"]
+TWIN = "value_min_instead_of_max"  # twin_a and twin_b hand in this mutant, byte for byte
+# Students without a normal grading besides the refused ones, and the start of their reason.
+UNUSUAL = {"blank": "not attempted (every exercise)", "syntax": "syntax error: raised SyntaxError",
+           "importer": "import error: raised ModuleNotFoundError"}
+KEY_COPIES = {"solution", "carol", "keycopy"}  # byte-identical to solutions/exercises.py
 REFUSED = {"eve": "symbolic link", "frank": "holds no .py file", "gina": "holds 2 .py files", "hal": "not UTF-8",
            "ivan": "symbolic link"}
 
@@ -61,11 +66,15 @@ def run_cli(*args, timeout=15 * 60):
 
 
 def make_class(folder: Path) -> dict[str, tuple[Path, Path]]:
-    """A class of 23: corpus files, a student folder, and five uploads that must be refused.
+    """A class of 28: corpus files, two identical copies, a copy of the key, a syntax and an import
+    error, a student folder, and five uploads that must be refused.
     Returns, for each student with a file, (the file, the folder it must lie in)."""
     folder.mkdir()
     files = {name: corpus.render(corpus.by_name(name)) for name in MUTANTS + ALTERNATIVES}
-    files |= {"solution": SOLUTION.read_text(), "blank": BLANK.read_text()}
+    files |= {"solution": SOLUTION.read_text(), "blank": BLANK.read_text(), "keycopy": SOLUTION.read_text(),
+              "twin_a": corpus.render(corpus.by_name(TWIN)), "twin_b": corpus.render(corpus.by_name(TWIN)),
+              "syntax": SOLUTION.read_text().replace("def compute_value_loss(", "def compute_value_loss((", 1),
+              "importer": SOLUTION.read_text() + "\nimport a_module_nobody_installed\n"}
     paths = {}
     for sid, text in files.items():
         (folder / f"{sid}.py").write_text(text)
@@ -196,18 +205,57 @@ def test_statuses_summary_and_exit_status(graded_class):
         assert rows[sid]["total"] == "0"
     assert all(r["status"] == "graded" for sid, r in rows.items() if sid not in REFUSED)
     summary = (run.out / "summary.md").read_text()
-    assert "- Students: 23 (graded 18, refused 5, grader failed 0)" in summary
-    assert "## Most-failed checks (of the 18 graded submissions)" in summary
-    checks = [c for c in next(iter(rows.values())) if "/" in c]  # every check has points: failed = 0
-    counts = {c: sum(r[c] == "0" for sid, r in rows.items() if sid not in REFUSED) for c in checks}
-    worst = sorted((c for c in checks if counts[c]), key=lambda c: -counts[c])[:batch.MOST_FAILED]
-    table = summary.split("## Most-failed checks")[1].split("##")[0]
-    assert [f"| {c} | {counts[c]} |" for c in worst] == [line for line in table.splitlines() if line[:3] in
-                                                         {f"| {n}" for n in range(6)}]
-    assert counts[worst[0]] >= 3  # the blank and at least two mutants
-    assert "notes.txt" in summary and "Grader failures" not in summary
+    assert "- Students: 28 (graded 23, refused 5, grader failed 0)" in summary
+    assert "## Mistakes by kind (of the 23 graded submissions)" in summary
+    assert "notes.txt" in summary and "grader failure:" not in summary
+    assert "warning: notes.txt: not a student" in run.proc.stderr
     assert "grading (2 at a time)" in run.proc.stderr  # the progress bar
-    assert "23 students: 18 graded, 5 refused, 0 grader failed" in run.proc.stdout
+    assert "28 students: 23 graded, 5 refused, 0 grader failed" in run.proc.stdout
+
+
+@pytest.mark.slow
+def test_the_gradebook_names_the_right_students(graded_class):
+    """Issue 17's done-when: the reason column, the mistakes-by-kind table and the similarity
+    report of a class of corpus submissions, two identical copies and a key copy."""
+    run = graded_class
+    rows = {r["student"]: r for r in read_csv(run.out / "gradebook.csv")}
+    reasons = {sid: r["reason"] for sid, r in rows.items() if r["reason"]}
+    assert set(reasons) == set(UNUSUAL) | set(REFUSED), reasons
+    for sid, start in UNUSUAL.items():
+        assert reasons[sid].startswith(start), (sid, reasons[sid])
+    assert all(rows["blank"][f"ex{n} status"] == "not attempted" for n in CHECKS)
+    assert all(rows["syntax"][f"ex{n} status"] == "syntax error" for n in CHECKS)
+    assert all(rows[sid][f"ex{n} status"] == "refused" for sid in REFUSED for n in CHECKS)
+    summary = (run.out / "summary.md").read_text()
+    unusual = summary.split("## Students without a normal grading")[1].split("\n## ")[0]
+    assert sorted(line.split(" | ")[0][2:] for line in unusual.splitlines() if line.startswith("| ")
+                  and not line.startswith(("| student", "|---"))) == sorted(reasons)
+
+    # mistakes by kind: every mutant under its own exercise, the twins under the same kinds,
+    # nobody who is right, did not attempt or could not be graded
+    table = summary.split("## Mistakes by kind")[1].split("\n## ")[0]
+    kinds = [line.split(" | ") for line in table.splitlines() if line.startswith("| ex") and "| mistake |" not in line]
+    named = {(cells[0][2:], cells[1]): cells[3].rstrip(" |").split(", ") for cells in kinds}
+    students = {sid for who in named.values() for sid in who}
+    assert students == set(MUTANTS) | {"bob", "twin_a", "twin_b"}, students
+    for sid in [*MUTANTS, TWIN]:
+        v = corpus.by_name(sid)
+        own = [kind for (column, kind), who in named.items() if column == f"ex{v.exercise}" and
+               (sid if sid != TWIN else "twin_a") in who]
+        assert own, sid
+        assert any(v.hint.lower() in kind.lower() for kind in own), (sid, v.hint, own)
+    assert all(("twin_a" in who) == ("twin_b" in who) for who in named.values())
+
+    # similarity: the identical pair and the key copies by name, the refused files not read
+    similar = read_csv(run.out / "similarity.csv")
+    identical_pairs = {(r["student_a"], r["student_b"]) for r in similar if r["identical"] == "yes"}
+    assert {p for p in identical_pairs if similarity.KEY not in p} == \
+        {("carol", "keycopy"), ("carol", "solution"), ("keycopy", "solution"), ("twin_a", "twin_b")}
+    assert {a for a, b in identical_pairs if b == similarity.KEY} == KEY_COPIES
+    report_md = (run.out / "similarity.md").read_text()
+    assert "| twin_a | twin_b | 100% |" in report_md
+    assert all(f"| {sid} | 100% | yes | yes | yes |" in report_md for sid in KEY_COPIES)
+    assert "Not compared (no readable file): eve, frank, gina, hal, ivan." in report_md
 
 
 @pytest.mark.slow
@@ -216,13 +264,15 @@ def test_a_rerun_grades_nobody_and_a_touched_submission_alone_is_regraded(graded
     results = sorted((run.out / "results").glob("*.json"))
     before = {p.name: p.stat().st_mtime_ns for p in results}
     gradebook = (run.out / "gradebook.csv").read_text()
+    similar = (run.out / "similarity.csv").read_text()
     args = (run.submissions, "--out", run.out, "--jobs", 2, "--config", run.config)
     started = time.monotonic()
     again = run_cli(*args)
-    assert again.returncode == 0 and "(0 this run; 23 kept from an earlier run)" in again.stdout, again.stdout
+    assert again.returncode == 0 and "(0 this run; 28 kept from an earlier run)" in again.stdout, again.stdout
     assert time.monotonic() - started < 30  # no grading process, no sandbox
     assert {p.name: p.stat().st_mtime_ns for p in results} == before
     assert (run.out / "gradebook.csv").read_text() == gradebook
+    assert (run.out / "similarity.csv").read_text() == similar
 
     os.utime(run.paths["bob"][0])  # touch
     touched = run_cli(*args)

@@ -6,7 +6,12 @@ winnowed (Schleimer, Wilkerson and Aiken, "Winnowing: local algorithms for docum
 fingerprinting", SIGMOD 2003), the algorithm MOSS uses. A renamed variable or a rewritten
 comment does not hide a copy; every k-gram of the starter code (assignment/exercises.py, the
 blanks with their docstrings) is boilerplate and left out, so what is compared is what the
-students wrote. Runs offline, in this process; about 30 ms per file and well under 1 ms per pair.
+students wrote. Runs offline; about 30 ms per file and well under 1 ms per pair.
+
+copydetect hashes k-grams with Python's ``hash()``, which is salted per process, so which
+fingerprints winnowing keeps (and a similarity's last digits) would change from run to run.
+``report`` therefore compares in a child process with ``PYTHONHASHSEED=0``: the same files give
+the same report, and a rerun that grades nobody rewrites identical files.
 
 The similarity of A to B is the fraction of A's fingerprinted tokens also found in B. Pairs are
 listed when either direction reaches ``THRESHOLD``; "same code" means the normalized token
@@ -24,8 +29,13 @@ it the gradebook is still written and similarity.md says how to install it.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import itertools
+import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,6 +167,25 @@ def _yes(flag: bool) -> str:
 
 
 def report(students: list[Student], starter: Path, key: Path) -> Similarity:
+    """Compare the class in a child process with a fixed hash seed (see the module's docstring)."""
     texts, skipped = sources(students)
-    result = compare(texts, Path(starter).read_text(encoding="utf-8"), Path(key).read_text(encoding="utf-8"))
-    return Similarity(result.pairs, result.key, result.markers, result.compared, skipped, result.missing)
+    payload = json.dumps({"texts": texts, "starter": Path(starter).read_text(encoding="utf-8"),
+                          "key": Path(key).read_text(encoding="utf-8")})
+    proc = subprocess.run([sys.executable, "-m", __name__], input=payload, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no message"])[-1]
+        return Similarity([], [], [], 0, skipped, f"the comparison failed ({last})")
+    data = json.loads(proc.stdout)
+    return Similarity([Pair(**p) for p in data["pairs"]], [Pair(**p) for p in data["key"]], data["markers"],
+                      data["compared"], skipped, data["missing"])
+
+
+def _main() -> None:
+    """The child of ``report``: JSON {texts, starter, key} in, the Similarity as JSON out."""
+    given = json.loads(sys.stdin.read())
+    json.dump(dataclasses.asdict(compare(given["texts"], given["starter"], given["key"])), sys.stdout)
+
+
+if __name__ == "__main__":
+    _main()

@@ -2,9 +2,8 @@
 
 results.json must stay what ``ppo-grade FILE`` writes (Gradescope's format), so the statuses are
 read back from the grader's own words in each check's feedback; the phrases below are the ones
-grade.py and sandbox.py write (tests/test_classroom.py builds them from those modules where they are
-functions, and the
-class tests see them come out of real gradings). An exercise is
+grade.py and sandbox.py write (tests/test_classroom.py builds them from those modules where they
+are functions, and the class tests see them come out of real gradings). An exercise is
 
 * ``graded``: its checks ran on the student's function (whatever the score);
 * ``not attempted``: the function raises NotImplementedError (the blank) or does not exist;
