@@ -8,9 +8,11 @@ tokens per generation batch, cut into optimizer steps of ``ppo.minibatch_size *
 ppo.grad_accum_steps`` completions (one epoch), lr ``ppo.lr``. GRPO needs groups, so the batch is
 ``batch_size / --group-size`` prompts x ``--group-size`` completions where PPO has one per prompt.
 
-What it prints and writes (``--out``, JSON): seconds per generation batch (the first apart: it
-loads kernels and warms the allocator), real completion tokens per second, the peak GPU memory
-of torch's allocator, and the mean reward of every batch; with ``--ppo-metrics RUN/metrics.jsonl``
+What it prints and writes (``--out``, JSON): the seconds of each full cycle between two
+generation batches (one batch's optimizer steps, then the next batch's generation and scoring:
+one PPO step's worth of work; the first batch's generation, which warms up, is apart), real
+completion tokens per second over those cycles, the peak GPU memory of torch's allocator, and
+the mean reward of every batch; with ``--ppo-metrics RUN/metrics.jsonl``
 it adds the PPO run's reward over the same number of samples (its first N steps) beside TRL's.
 
     python benchmarks/peer_trl.py --config configs/gsm8k_qwen_coder.yaml --generations 8 --out peer.json
@@ -120,21 +122,22 @@ def run(cfg: Config, group_size: int, generations: int, cpu: bool) -> dict[str, 
         started = time.perf_counter()
         trainer.train()
         ended = time.perf_counter()
-    # Batch k spans from the reward call of batch k-1 to that of batch k (its optimizer steps run
-    # after its reward call, so each span is generation + scoring + the previous batch's update);
-    # the last batch's update runs until train() returns.
-    marks = [started, *log.times[1:], ended]
-    seconds = [b - a for a, b in zip(marks, marks[1:])]
-    steady = seconds[1:] or seconds
+    # TRL calls the reward function right after generating a batch, and runs that batch's
+    # optimizer steps after it: the time between two reward calls is one full cycle (the last
+    # batch's optimizer steps, then the next batch's generation and scoring). The first batch's
+    # generation (warm-up included) and the last batch's optimizer steps are outside every cycle.
+    cycles = [b - a for a, b in zip(log.times, log.times[1:])]
     return {"trl": _version("trl"), "transformers": _version("transformers"), "torch": torch.__version__,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() and not cpu else "cpu",
             "loss_type": args.loss_type, "scale_rewards": args.scale_rewards, "beta": args.beta,
             "completions_per_batch": args.generation_batch_size, "group_size": group_size,
             "optimizer_steps_per_batch": args.generation_batch_size // (args.per_device_train_batch_size *
                                                                          args.gradient_accumulation_steps),
-            "seconds_per_batch": seconds, "median_seconds_per_batch_after_first": statistics.median(steady),
-            "tokens_per_batch": log.tokens,
-            "tokens_per_second_after_first": sum(log.tokens[1:] or log.tokens) / sum(steady),
+            "seconds_first_batch": log.times[0] - started, "seconds_per_cycle": cycles,
+            "seconds_after_last_batch": ended - log.times[-1],
+            "median_seconds_per_cycle": statistics.median(cycles),
+            # the tokens generated inside the cycles: batches 2..N
+            "tokens_per_batch": log.tokens, "tokens_per_second": sum(log.tokens[1:]) / sum(cycles),
             "reward_per_batch": log.rewards,
             "peak_memory_gib": (torch.cuda.max_memory_allocated() / 2**30
                                 if torch.cuda.is_available() and not cpu else None)}
@@ -155,9 +158,9 @@ def ppo_rewards(path: Path, steps: int) -> list[float]:
 def table(result: dict[str, Any], ppo: list[float] | None) -> str:
     """The figures as Markdown rows."""
     rewards = result["reward_per_batch"]
-    rows = [f"| seconds per batch of {result['completions_per_batch']} completions (median after the first) | "
-            f"{result['median_seconds_per_batch_after_first']:.1f} |",
-            f"| real completion tokens per second (after the first batch) | {result['tokens_per_second_after_first']:.0f} |",
+    rows = [f"| seconds per batch of {result['completions_per_batch']} completions (median cycle: optimizer steps, "
+            f"generation, scoring) | {result['median_seconds_per_cycle']:.1f} |",
+            f"| real completion tokens per second (over the cycles) | {result['tokens_per_second']:.0f} |",
             f"| peak GPU memory (torch allocator) | "
             + (f"{result['peak_memory_gib']:.1f} GiB |" if result["peak_memory_gib"] is not None else "n/a |"),
             f"| mean reward over its {len(rewards)} batches | {sum(rewards) / len(rewards):.3f} |"]

@@ -45,7 +45,9 @@ def test_peer_benchmark_runs_trl_on_the_qwen_config(tmp_path, monkeypatch, capsy
                        "--out", str(out), *overrides]) == 0
     result = json.loads(out.read_text())
     assert result["completions_per_batch"] == 8 and result["optimizer_steps_per_batch"] == 2
-    assert len(result["seconds_per_batch"]) == 2 and len(result["reward_per_batch"]) == 2
+    # 2 batches: one full cycle between their reward calls, the first batch's generation apart
+    assert len(result["seconds_per_cycle"]) == 1 and len(result["reward_per_batch"]) == 2
+    assert result["tokens_per_second"] == pytest.approx(result["tokens_per_batch"][1] / result["seconds_per_cycle"][0])
     # each batch: 8 completions of 1 to 5 tokens
     assert all(8 <= tokens <= 40 for tokens in result["tokens_per_batch"]), result["tokens_per_batch"]
     assert result["ppo_reward_per_step"] == [0.25, 0.5]  # the first --generations steps only
