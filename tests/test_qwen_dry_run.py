@@ -100,3 +100,15 @@ def test_the_rollout_benchmark_runs_on_the_qwen_config(staged):
                        "ppo.minibatch_size=2", "rollout.max_new_tokens=6", "rollout.forward_batch_size=2",
                        "train.cpu_threads=1"]) == 0
     assert all(f"| {name} |" in out.read_text() for name in bench.VARIANTS)
+
+
+def test_the_recompile_probe_runs_the_whole_schedule(capsys):
+    """benchmarks/eval_recompiles.py on CPU (nothing compiles there): every call of its schedule,
+    the compiled path's and the eager evaluation's, runs through the trainer's generate."""
+    from assignment.trainer.impl import load_module
+
+    probe = load_module(ROOT / "benchmarks" / "eval_recompiles.py", "eval_recompiles")
+    assert probe.main(["--eval-batch", "3", "--rollout-batch", "2", "--prompt-tokens", "6", "--new-tokens", "3",
+                       "--gradient-checkpointing"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count(" recompile messages") == 5 and "eval, eager dynamic cache" in printed

@@ -11,13 +11,18 @@ records (``summarize``), so it can be recomputed from the saved files.
 it finishes and continue an interrupted evaluation where it stopped.
 
 Evaluation decodes eagerly with the dynamic cache, whatever ``rollout.cache_implementation`` and
-``rollout.compile`` say (``eval_rollout_config``). The rollout's compiled decoding is traced for
-the sampler's dtype and batch shape; greedy decoding of the float32 policy at another batch size
-retraces the same code objects (dtype and shape guards), and with torch's default
-``recompile_limit`` of 8 dynamo gives up and runs the rest eagerly after paying for the failed
-compilations (measured on an H200: 117-125 s for 1319 problems, against 81 s for the eager path on
-an H100). Two evaluations a run do not repay a compilation of their own, and the float32 policy
-decoded eagerly is what every earlier run's accuracy was measured with.
+``rollout.compile`` say (``eval_rollout_config``). Through the rollout's compiled path, greedy
+evaluation of the float32 policy at one batch of 1319 took 117-125 s on an H200 and dynamo
+reported "hit config.recompile_limit (8)" on ``self.layer_idx``; eager decoding in 2 batches of
+660 takes 76 s there (81 s in batches of 440 on an H100). Why it recompiles, as far as measured
+(``benchmarks/eval_recompiles.py`` on an H200, a random-init Qwen2 of 24 layers): the compiled
+forward is traced per dtype and batch size, and the float32 policy and the bfloat16 sampler run
+the same code objects at different batch sizes; with gradient checkpointing on (the Qwen config),
+the hook it installs on the embeddings (transformers' ``make_inputs_require_grads``) breaks the
+graph into pieces that each recompile: 12 recompilations in the first rollout after a float32
+evaluation, against 1 without checkpointing. The limit itself, per layer, was seen on the real
+model only. Two evaluations a run do not repay compilation, and the float32 policy decoded
+eagerly is what every earlier run's accuracy was measured with.
 """
 
 from __future__ import annotations
