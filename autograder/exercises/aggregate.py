@@ -86,14 +86,15 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     T = case.mask.shape[1]
     out = []
     if mode == "seq-mean-token-sum-norm":
+        # most specific first: on small shrunk cases two mistakes can give the same number
         out += [
+            ("loss", aggregate(case) * case.mask.shape[0], "divide by B * max_response_length: the mean over the B "
+                                                           "responses stays"),
+            ("loss", aggregate(case, budget=T), "divide by max_response_length (the generation budget), not by T, "
+                                                "the batch's padded width"),
             ("loss", aggregate(case, mode="seq-mean-token-mean"),
              "Dr. GRPO's mode divides each response's sum by one constant, not by the response's own length: "
              "that per-response length is GRPO's length bias"),
-            ("loss", aggregate(case, budget=T), "divide by max_response_length (the generation budget), not by T, "
-                                                "the batch's padded width"),
-            ("loss", aggregate(case) * case.mask.shape[0], "divide by B * max_response_length: the mean over the B "
-                                                           "responses stays"),
         ]
     if mode == "seq-mean-token-mean":
         out += [
