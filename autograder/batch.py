@@ -48,7 +48,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
-from assignment.contract import exercise
+from assignment.contract import exercise, is_bonus
 
 from . import __version__, report, submission
 from .config import GradingConfig, hidden_seed
@@ -519,8 +519,10 @@ def row_for(out: Path, sid: str, checks: list[tuple[int, str]]) -> Row:
             return Row(sid, "not graded")
     tests = {(t["extra_data"]["exercise"], t["extra_data"]["check"]): t for t in data["tests"]}
     present = [k for k in checks if k in tests]
-    row = Row(sid, status_of(data), sum(tests[k]["score"] for k in present),
-              sum(tests[k]["max_score"] for k in present), checks={k: tests[k]["score"] for k in present},
+    # total and max are Part I's; Part II's bonus shows in its own exercise columns (ex6-ex8)
+    part_one = [k for k in present if not is_bonus(k[0])]
+    row = Row(sid, status_of(data), sum(tests[k]["score"] for k in part_one),
+              sum(tests[k]["max_score"] for k in part_one), checks={k: tests[k]["score"] for k in present},
               failed_checks=[k for k in present if tests[k]["status"] == "failed"])
     for number, check in present:
         row.exercises[number] = row.exercises.get(number, 0.0) + tests[number, check]["score"]

@@ -361,6 +361,7 @@ def compute_grpo_advantages(
         6.4 Nothing here needs gradients: work under torch.no_grad().
     """
     ### BEGIN SOLUTION
+    # Rewards only: no gradient anywhere (and a region start unlike exercise 4's, for the corpus's anchors).
     with torch.no_grad():
         dtype = reduction_dtype(rewards.dtype)
         r = rewards.to(dtype)

@@ -43,11 +43,11 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from assignment.contract import NAMES
+from assignment.contract import PART_I_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION_PATH = ROOT / "solutions" / "exercises.py"
-EXERCISE_NAMES = NAMES  # the contract's five names, in order
+EXERCISE_NAMES = PART_I_NAMES  # Part I's five names, in order (Part II has lists of its own, below)
 BEGIN, END = "### BEGIN SOLUTION\n", "### END SOLUTION"
 
 
