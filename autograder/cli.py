@@ -5,9 +5,10 @@ failed (a results.json with 0 points and the reason is written even then); 2 for
 The grader's own log (staff notes, failures) goes to stderr, which Gradescope shows to
 instructors only.
 
-Given a folder of submissions and ``--out`` (batch.py), it grades a whole class: per-student
-results.json, gradebook.csv and summary.md; exit status 1 if the grader failed on any student
-(the others are kept; rerun the same command to retry them), 130 when interrupted.
+Given a folder of submissions and ``--out`` (autograder/classroom/), it grades a whole class:
+per-student results.json, gradebook.csv, summary.md, similarity.md/.csv and feedback/; exit
+status 1 if the grader failed on any student (the others are kept; rerun the same command to
+retry them), 130 when interrupted. This module imports the classroom package, never the reverse.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from . import __version__
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "grading.yaml"
 # 130, as a shell reports Ctrl-C. Not a literal: Hypothesis draws examples from the int literals of
-# the grader's modules (see batch._examples_as_alone), and a new one would change every grading's.
+# the grader's modules (see classroom/pool._examples_as_alone), and a new one would change every grading's.
 EXIT_INTERRUPTED = 2 ** 7 + signal.SIGINT
 
 
@@ -44,11 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"ppo-grade {__version__}")
     batch = p.add_argument_group("a class (SUBMISSION is a folder)")
     batch.add_argument("--out", type=Path, default=None,
-                       help="the gradebook folder: results/<student>.json, gradebook.csv, summary.md")
+                       help="the gradebook folder: results/, gradebook.csv, summary.md, similarity.md, feedback/")
     batch.add_argument("--jobs", type=int, default=None, metavar="N",
                        help="grading processes, each with its own sandbox (default: the number of cores)")
     batch.add_argument("--restart", action="store_true",
                        help="grade everyone again (default: skip students graded from their present files)")
+    batch.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                       help="grade exactly these students again (even if graded) and rebuild the gradebook")
+    batch.add_argument("--roster", type=Path, default=None, metavar="CSV",
+                       help="a CSV with columns id, name, email: adds name and email to the gradebook")
+    batch.add_argument("--published", action="store_true",
+                       help="feedback/<student>.md shows the hidden checks too (the view after grades are published)")
     return p
 
 
@@ -94,8 +101,9 @@ def _is_class(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bool
     folder = args.submission.is_dir() and not args.submission.is_symlink()
     single = args.results is not None or args.submission_folder is not None
     if args.out is None and (single or not folder):
-        if args.jobs is not None or args.restart:
-            parser.error("--jobs and --restart grade a class: give a folder of submissions and --out")
+        if args.jobs is not None or args.restart or args.only or args.roster or args.published:
+            parser.error("--jobs, --restart, --only, --roster and --published grade a class: "
+                         "give a folder of submissions and --out")
         return False
     if single:
         parser.error("--results and --submission-folder grade one file; a class takes --out")
@@ -105,11 +113,14 @@ def _is_class(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bool
         parser.error(f"{args.submission} is a folder: give --out DIR for the class's gradebook")
     if args.jobs is not None and args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    if args.only and args.restart:
+        parser.error("--only grades the students named, --restart everyone: give one of them")
     return True
 
 
 def _main_class(args: argparse.Namespace) -> int:
-    from . import batch, config
+    from . import config
+    from .classroom import run as batch
     from .exercises import CHECK_IDS
     from .sandbox import GraderFailure
 
@@ -118,8 +129,11 @@ def _main_class(args: argparse.Namespace) -> int:
     except config.ConfigError as err:
         print(f"ppo-grade: the grader failed: {err}", file=sys.stderr)
         return 1
+    # as_alone: this module, which a single grading runs under (classroom/pool.py says why)
     options = batch.Options(args.submission, args.out, args.config, args.jobs,
-                            tuple(args.exercise) if args.exercise else None, args.with_training, args.restart)
+                            tuple(args.exercise) if args.exercise else None, args.with_training, args.restart,
+                            tuple(args.only or ()), args.roster, args.published,
+                            as_alone=(__spec__.name if __spec__ else __name__,))
     progress = _Progress()
     try:
         result = batch.grade_class(options, cfg, progress)
@@ -187,9 +201,19 @@ def _class_report(result, batch, quiet: bool) -> str:
     if scored:
         out_of = max(r.max_score for r in rows if r.max_score is not None)
         lines.append(f"total: mean {sum(scored) / len(scored):.2f}, median {statistics.median(scored):g} (out of {out_of:g})")
+    unusual = [r for r in rows if r.reason]
+    if unusual:
+        lines.append(f"without a normal grading: {len(unusual)} ({', '.join(r.student for r in unusual[:8])}"
+                     f"{', ...' if len(unusual) > 8 else ''}): their reasons are in the summary and the CSV")
+    similar = result.similarity
+    if similar.missing:
+        lines.append(f"similarity: not compared: {similar.missing}")
+    else:
+        lines.append(f"similarity: {len(similar.key)} students match the answer key, {len(similar.pairs)} pairs alike")
     if not quiet:
-        lines += [f"gradebook: {result.csv_path}", f"summary:   {result.summary_path}",
-                  f"results:   {result.csv_path.parent / batch.RESULTS}/<student>.json"]
+        lines += [f"gradebook:  {result.csv_path}", f"summary:    {result.summary_path}",
+                  f"similarity: {result.similarity_path}", f"feedback:   {result.feedback_path}/<student>.md",
+                  f"results:    {result.csv_path.parent / batch.RESULTS}/<student>.json"]
     if counts[batch.FAILED]:
         lines.append(f"the grader failed on {counts[batch.FAILED]} students (see the summary): rerun to retry them")
     return "\n".join(lines)

@@ -54,7 +54,7 @@ def grade_class(tmp: Path, folder: Path, jobs: int) -> tuple[float, list[float]]
     out = tmp / f"out-{jobs}"
     shutil.rmtree(out, ignore_errors=True)
     wall, _ = cli(folder, "--out", out, "--jobs", jobs)
-    with open(out / "gradebook.csv", newline="") as f:
+    with open(out / "gradebook.csv", newline="", encoding="utf-8-sig") as f:  # it starts with a BOM
         rows = list(csv.DictReader(f))
     wrong = [r["student"] for r in rows if r["total"] != "100" or r["status"] != "graded"]
     if wrong:

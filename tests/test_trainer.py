@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import get_scheduler
 
 from assignment.trainer import cli
 from assignment.trainer.config import DataConfig, load_config
@@ -282,6 +283,44 @@ def test_a_bfloat16_sampler_is_refreshed_every_step_and_keeps_the_first_ratio_at
     # the greedy evaluations (before and after) use the float32 policy; every rollout the fresh copy
     assert events == [torch.float32] + ["refresh", torch.bfloat16] * 3 + [torch.float32]
     assert all(abs(m["stats/approx_kl_first"]) <= FIRST_KL_TOL for m in result.metrics)
+
+
+def test_the_value_head_can_learn_at_its_own_rate(tmp_path):
+    """ppo.value_head_lr puts the head in an AdamW group of its own; the scheduler's warmup
+    scales both groups alike, and every parameter is in exactly one group."""
+    cfg = tiny_cfg(tmp_path, "ppo.value_head_lr=0.01", "ppo.warmup_steps=2")
+    tok = load_tokenizer(cfg.model)
+    policy, _ = build_models(cfg.model, tok, seed=0, device=torch.device("cpu"))
+    groups = loop.optimizer_groups(policy, cfg.ppo)
+    assert [p for g in groups for p in g["params"]] != [] and len(groups) == 2
+    assert sorted(id(p) for g in groups for p in g["params"]) == sorted(id(p) for p in policy.parameters())
+    assert {id(p) for p in groups[1]["params"]} == {id(p) for p in policy.value_head.parameters()}
+    optimizer = torch.optim.AdamW(groups, lr=cfg.ppo.lr)
+    scheduler = get_scheduler(cfg.ppo.lr_scheduler, optimizer, num_warmup_steps=2, num_training_steps=10)
+    optimizer.step()
+    scheduler.step()
+    assert scheduler.get_last_lr() == pytest.approx([cfg.ppo.lr / 2, 0.01 / 2])  # half way through the warmup
+    single = loop.optimizer_groups(policy, tiny_cfg(tmp_path).ppo)
+    assert len(single) == 1 and len(single[0]["params"]) == len(list(policy.parameters()))
+
+
+def test_evaluation_decodes_eagerly_whatever_the_rollout_compiles(tmp_path, monkeypatch):
+    """Greedy evaluation never uses the rollout's static cache or compiled decoding (their graphs
+    are traced for the sampler's dtype and batch shape; evaluate.py says why), while the rollouts
+    keep them; evaluation's prompts are then padded to the longest, not to max_prompt_tokens."""
+    calls = []
+
+    def generate_spy(lm, prompt_ids, prompt_mask, cfg, pad_token_id, eos_ids, greedy=False):
+        calls.append((greedy, cfg.cache_implementation, cfg.compile, prompt_ids.shape[1]))
+        return generate(lm, prompt_ids, prompt_mask, cfg, pad_token_id, eos_ids, greedy)
+
+    monkeypatch.setattr(rollout_module, "generate", generate_spy)
+    cfg = tiny_cfg(tmp_path, "rollout.cache_implementation=static", "rollout.compile=true", "train.steps=1")
+    train(cfg, SOLUTION)
+    evals = [c for c in calls if c[0]]
+    rollouts = [c for c in calls if not c[0]]
+    assert evals and all(c[1:3] == (None, False) and c[3] < cfg.rollout.max_prompt_tokens for c in evals), evals
+    assert rollouts and all(c[1:] == ("static", True, cfg.rollout.max_prompt_tokens) for c in rollouts), rollouts
 
 
 def test_the_generation_copy_is_frozen_and_refreshed_in_its_dtype():

@@ -40,7 +40,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
 from assignment.model import PolicyWithValueHead
 from assignment.trainer import checkpoint
-from assignment.trainer.config import Config, RewardConfig, to_yaml
+from assignment.trainer.config import Config, PPOConfig, RewardConfig, to_yaml
 from assignment.trainer.data import Curriculum, Problem, load_problems, training_batch
 from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.loading import DTYPES, build_models, load_tokenizer
@@ -124,6 +124,20 @@ def disable_dropout(model: torch.nn.Module) -> None:
             setattr(config, name, 0.0)
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak for ``peak_memory`` (CUDA only; nothing elsewhere)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device: torch.device, prefix: str) -> dict[str, float]:
+    """``{prefix}peak_memory_gib``: the most memory torch's allocator held on ``device`` since the
+    last ``reset_peak_memory`` (tensors, not the allocator's cache); empty off CUDA."""
+    if device.type != "cuda":
+        return {}
+    return {f"{prefix}peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+
+
 def optimizer_steps(cfg: Config) -> int:
     """Optimizer steps in the whole run: the scheduler's horizon."""
     per_epoch = cfg.rollout.batch_size // (cfg.ppo.minibatch_size * cfg.ppo.grad_accum_steps)
@@ -190,7 +204,7 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     disable_dropout(policy)
     disable_dropout(ref)
     problems = load_problems(cfg.data, cfg.train.seed)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.ppo.lr, weight_decay=cfg.ppo.weight_decay)
+    optimizer = torch.optim.AdamW(optimizer_groups(policy, cfg.ppo), lr=cfg.ppo.lr, weight_decay=cfg.ppo.weight_decay)
     scheduler = get_scheduler(cfg.ppo.lr_scheduler, optimizer, num_warmup_steps=cfg.ppo.warmup_steps,
                               num_training_steps=optimizer_steps(cfg))
     kl_ctl, curriculum = KLController(cfg.kl), Curriculum(cfg.data)
@@ -198,6 +212,18 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     sampler = generation_copy(policy.lm, DTYPES[cfg.rollout.generation_dtype]) if cfg.rollout.generation_dtype else None
     return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,
                RunLogger(out, cfg, start_step), start_step, progress, deadline, start_step if resume else None, sampler)
+
+
+def optimizer_groups(policy: PolicyWithValueHead, ppo: PPOConfig) -> list[dict[str, Any]]:
+    """The policy's parameters as AdamW's groups: one at ``ppo.lr``, or, with
+    ``ppo.value_head_lr``, the value head in a group of its own at that rate (the scheduler
+    scales both alike)."""
+    if ppo.value_head_lr is None:
+        return [{"params": list(policy.parameters())}]
+    head = list(policy.value_head.parameters())
+    in_head = {id(param) for param in head}
+    return [{"params": [param for param in policy.parameters() if id(param) not in in_head]},
+            {"params": head, "lr": ppo.value_head_lr}]
 
 
 def restore(out: Path, device: torch.device, policy: PolicyWithValueHead, optimizer: torch.optim.Optimizer,
@@ -230,6 +256,7 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     loss/*, stats/*, time/*) and its first ``train.num_samples`` responses (for samples.jsonl).
     """
     started = time.time()
+    reset_peak_memory(run.device)
     # 1. Sample B prompts (a function of seed and step: a resumed run draws the same) and generate.
     problems = training_batch(cfg.data, run.problems["train"], cfg.rollout.batch_size, cfg.train.seed, step,
                               run.curriculum.level)
@@ -252,7 +279,8 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     # 5. Epochs x shuffled minibatches of exercise 5 (none if the guard said skip).
     update_metrics = update(run, cfg, impl, step, rollout.update_batch(advantages, returns), skip)
     metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **guard_metrics,
-               **update_metrics, "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done}
+               **update_metrics, "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done,
+               **peak_memory(run.device, "memory/")}
     # After the batch: steer the KL coefficient; widen the synthetic operands once they are learned.
     run.kl_ctl.update(metrics["rollout/kl"], cfg.rollout.batch_size)
     if cfg.data.task == "synthetic":
@@ -324,6 +352,7 @@ def run_eval(run: Run, cfg: Config, step: int) -> None:
     with tqdm(total=len(problems), initial=len(records), desc=f"eval (step {step})", leave=False,
               disable=not cfg.train.progress) as bar:
         started = time.time()
+        reset_peak_memory(run.device)
         for batch in evaluate_batches(run.policy, run.tokenizer, problems[len(records):], cfg):
             run.logger.eval_records(step, batch)
             records += batch
@@ -335,7 +364,8 @@ def run_eval(run: Run, cfg: Config, step: int) -> None:
             if len(records) < len(problems) and run.deadline.passed():
                 raise TimeUp(step)
     result = summarize(records)
-    run.logger.log(step, result.metrics(), EVALS)
+    # the peak of this invocation's batches (a resumed evaluation's earlier batches ran elsewhere)
+    run.logger.log(step, {**result.metrics(), **peak_memory(run.device, "eval/")}, EVALS)
     tqdm.write(f"[eval step {step}] accuracy {result.accuracy:.3f}, answer rate {result.format_rate:.3f}, "
                f"response length {result.mean_length:.0f} on {result.n} problems")
 

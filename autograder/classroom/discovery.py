@@ -1,0 +1,129 @@
+"""Who is in the class: the students of a submissions folder, and every entry that is not graded.
+
+The accepted-names rule (README, "Grading a class"):
+
+* ``ID.py`` at the top of the folder is student ID's submission. The extension is matched in any
+  letter case (``rita.PY`` is rita's), because upload tools and Windows keep what the student
+  typed and dropping the file would cost a student their grade over a capital letter; the
+  capitals are noted.
+* ``ID/`` is student ID's folder: ``ID/exercises.py`` is graded; a folder without exercises.py
+  may hold exactly one ``.py`` file instead, graded in its place. Every other entry of the
+  folder is not graded and is noted (``xavier/exercises_old.py`` beside xavier/exercises.py).
+* Anything else under a student's name (a link, a folder with no or several .py files, two
+  submissions for one id) gets 0 points and the reason, as a single grading of an unreadable
+  file does.
+* Every other top-level entry (``notes.txt``, ``dave.zip``, ``.DS_Store``, ``__pycache__``) is
+  not a student; it is noted, so that nothing is dropped in silence.
+
+The notes reach the terminal and summary.md (run.py, summary.py).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+SUFFIX = ".py"
+GRADED_NAME = "exercises.py"
+
+
+@dataclass(frozen=True)
+class Student:
+    id: str
+    path: Path | None           # the file to grade; None when the layout is wrong
+    folder: Path                # the file must lie inside it once links are resolved
+    problem: str = ""           # why there is nothing to grade, for the student
+    watch: tuple[Path, ...] = ()  # what, changed, makes a result stale
+
+
+@dataclass(frozen=True)
+class Notice:
+    """An entry of the submissions folder that was not graded, or not graded as named."""
+    entry: str                  # relative to the submissions folder, a folder with a trailing /
+    why: str
+    student: str | None = None  # the student it belongs to, if any
+
+    def __str__(self) -> str:
+        return f"{self.entry}: {self.why}"
+
+
+@dataclass(frozen=True)
+class Discovery:
+    students: list[Student]
+    notices: list[Notice]
+
+    @property
+    def ignored(self) -> list[str]:
+        """The entries that are no student's (the summary's list before notices existed)."""
+        return [n.entry for n in self.notices if n.student is None]
+
+
+def _is_submission_name(name: str) -> bool:
+    return name.lower().endswith(SUFFIX) and len(name) > len(SUFFIX)
+
+
+def discover(root: Path, skip: tuple[Path, ...] = ()) -> Discovery:
+    """The students of the folder ``root``, sorted by id (``skip``: folders that are not students),
+    and a notice for every entry that is not graded or graded under a name the rule bends."""
+    root = Path(root)
+    skipped = {os.path.abspath(p) for p in skip}
+    entries: dict[str, list[Path]] = {}
+    notices = []
+    for entry in sorted(root.iterdir()):
+        name = entry.name
+        if os.path.abspath(entry) in skipped:
+            continue
+        if name.startswith(".") or name == "__pycache__":
+            notices.append(Notice(name + ("/" if entry.is_dir() else ""), "hidden or cache entry, not a student"))
+        elif _is_submission_name(name) or entry.is_symlink() or entry.is_dir():
+            sid = name[:-len(SUFFIX)] if _is_submission_name(name) else name
+            entries.setdefault(sid, []).append(entry)
+            if _is_submission_name(name) and not name.endswith(SUFFIX):
+                notices.append(Notice(name, f"graded as {sid}'s submission (the extension is not lowercase .py)", sid))
+        else:
+            notices.append(Notice(name, f"not a student: a submission is NAME.py or a folder NAME/ "
+                                        f"(rename it to NAME.py if it is one)"))
+    students = []
+    for sid, found in sorted(entries.items()):
+        student, extra = _student(sid, found, root)
+        students.append(student)
+        notices += extra
+    return Discovery(students, notices)
+
+
+def _student(sid: str, entries: list[Path], root: Path) -> tuple[Student, list[Notice]]:
+    if len(entries) > 1:
+        names = " and ".join(e.name + ("/" if e.is_dir() else "") for e in entries)
+        return Student(sid, None, root, f"two submissions under one name: {names}; submit only one",
+                       tuple(entries)), []
+    entry = entries[0]
+    if not entry.is_dir() or entry.is_symlink() or _is_submission_name(entry.name):
+        return Student(sid, entry, root, "", (entry,)), []  # submission.read refuses links, folders, FIFOs
+    try:
+        inside = sorted(entry.iterdir())
+    except OSError as err:
+        return Student(sid, None, entry, f"{entry.name}/ cannot be listed ({err.strerror})", (entry,)), []
+    files = [p for p in inside if _is_submission_name(p.name) and not p.name.startswith(".")]
+    chosen = entry / GRADED_NAME if os.path.lexists(entry / GRADED_NAME) else files[0] if len(files) == 1 else None
+    if chosen is None:
+        problem = f"{entry.name}/ holds no .py file: submit {GRADED_NAME}" if not files else \
+            f"{entry.name}/ holds {len(files)} .py files ({', '.join(f.name for f in files)}) and no " \
+            f"{GRADED_NAME}: submit only {GRADED_NAME}"
+        return Student(sid, None, entry, problem, (entry,)), []
+    notices = [Notice(f"{entry.name}/{p.name}" + ("/" if p.is_dir() and not p.is_symlink() else ""),
+                      f"not graded: {entry.name}/{chosen.name} is", sid)
+               for p in inside if p != chosen and p.name != "__pycache__"]
+    return Student(sid, chosen, entry, "", (entry, chosen)), notices
+
+
+def stamp(student: Student) -> list:
+    """What the files of ``student`` look like now; any change (a touch, a new upload) changes it."""
+    found = []
+    for path in student.watch:
+        try:
+            st = os.lstat(path)
+            found.append([st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns])
+        except OSError:
+            found.append(None)
+    return found

@@ -1,0 +1,60 @@
+"""``feedback/<id>.md``: what a student sees, as a file a TA can mail or post.
+
+Built from the student's results file alone. The default view is what Gradescope shows before
+grades are published: the visible checks with their feedback (counterexamples, hints) and the
+visible total; hidden checks are only counted. ``published=True`` is the view after publication:
+the hidden checks and the full total too. A student the grader failed on gets no feedback file
+(a stale one is removed): there is nothing of theirs to say yet.
+
+Student text (an exception message, a file name) goes inside code fences longer than any run of
+backticks in it, so it cannot break out of the fence.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .. import report
+from .grading import read_results, unlink
+
+FOLDER = "feedback"
+
+
+def fence(text: str) -> str:
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    ticks = "`" * max(3, longest + 1)
+    return f"{ticks}text\n{text}\n{ticks}"
+
+
+def render(sid: str, data: dict, published: bool = False) -> str:
+    tests = [t for t in data.get("tests", []) if published or t.get("visibility") == "visible"]
+    view = "after grades are published (hidden checks included)" if published else \
+        "as Gradescope shows it before grades are published (visible checks)"
+    lines = [f"# Feedback for {sid}", "", f"_The view {view}._", ""]
+    if published:
+        lines.append(f"**Total: {_g(data.get('score', 0))} / {_g(sum(t['max_score'] for t in data.get('tests', [])))}**")
+    else:
+        lines += [fence(data.get("output", ""))]  # results.json's own summary: it counts the hidden checks
+    for t in tests:
+        mark = "passed" if t.get("status") == "passed" else "failed"
+        lines += ["", f"## {t.get('name', '')}: {_g(t.get('score', 0))} / {_g(t.get('max_score', 0))} ({mark})", "",
+                  fence(t.get("output", ""))]
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, ids: list[str], published: bool = False) -> Path:
+    """feedback/<id>.md for every student with a results file; returns the folder."""
+    folder = Path(out) / FOLDER
+    for sid in ids:
+        data = read_results(out, sid)
+        path = folder / f"{sid}.md"
+        if data is None:
+            unlink(path)
+            continue
+        report.write_text_atomic(render(sid, data, published), path)
+    return folder
+
+
+def _g(value: float) -> str:
+    return f"{float(value):g}"

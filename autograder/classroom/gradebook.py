@@ -1,0 +1,153 @@
+"""The gradebook: one row per student, built from the out folder's files alone, and its CSV.
+
+Columns come from what the results files contain (every exercise and check, in the grader's
+order, the training check last), not from a list here: an exercise or section the grader adds
+(a bonus exercise, say) is a column without a change to this module.
+
+The CSV is UTF-8 with a byte-order mark: Excel reads a CSV without one in the system's legacy
+code page and garbles "José Müller"; with it, Excel, LibreOffice, Google Sheets and pandas read
+UTF-8 (Python: ``open(path, encoding="utf-8-sig")``). Text cells that a spreadsheet would run as
+a formula (starting with = + - @) get a leading apostrophe, since file names and exception
+messages in them come from students.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from assignment.contract import is_bonus
+
+from .grading import read_failure, read_results, status_of
+from .status import NOT_GRADED, feedback_of, student_status
+
+BOM = "\ufeff"
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+@dataclass
+class Row:
+    student: str
+    status: str                                  # graded, refused: why, grader failed: why, not graded
+    total: float | None = None
+    max_score: float | None = None
+    exercises: dict[int, float] = field(default_factory=dict)
+    exercise_max: dict[int, float] = field(default_factory=dict)
+    checks: dict[tuple[int, str], float] = field(default_factory=dict)
+    failed_checks: list[tuple[int, str]] = field(default_factory=list)
+    statuses: dict[int, str] = field(default_factory=dict)    # per exercise: status.GRADED, ...
+    reason: str = ""                                          # empty: graded normally
+    feedback: dict[tuple[int, str], str] = field(default_factory=dict)  # of the failed checks
+    hidden: set[tuple[int, str]] = field(default_factory=set)           # which checks are hidden
+    extra: dict[str, str] = field(default_factory=dict)                 # roster columns
+
+
+@dataclass
+class Gradebook:
+    exercises: list[int]                 # 0: the training check
+    checks: list[tuple[int, str]]
+    rows: list[Row]
+    extra_columns: list[str] = field(default_factory=list)  # from the roster
+
+    def header(self) -> list[str]:
+        return ["student", *self.extra_columns, "total", "max", "reason",
+                *(exercise_column(n) for n in self.exercises),
+                *(f"{exercise_column(n)} status" for n in self.exercises),
+                *(f"{n}/{c}" for n, c in self.checks), "status"]
+
+    def table(self) -> list[list[str]]:
+        return [[r.student, *(r.extra.get(c, "") for c in self.extra_columns), number_text(r.total), number_text(r.max_score),
+                 r.reason, *(number_text(r.exercises.get(n)) for n in self.exercises),
+                 *(r.statuses.get(n, "") for n in self.exercises),
+                 *(number_text(r.checks.get(k)) for k in self.checks), r.status] for r in self.rows]
+
+
+def exercise_column(number: int) -> str:
+    return "training" if number == 0 else f"ex{number}"
+
+
+def _exercise_order(number: int) -> tuple[bool, int]:
+    return number == 0, number  # the training check last, as the CSV always had it
+
+
+def columns_from(results: list[dict]) -> tuple[list[int], list[tuple[int, str]]]:
+    """The exercises and checks the results contain, in the grader's order."""
+    checks: list[tuple[int, str]] = []
+    for data in results:
+        for t in data["tests"]:
+            key = (t["extra_data"]["exercise"], t["extra_data"]["check"])
+            if key not in checks:
+                checks.append(key)
+    numbers = sorted({n for n, _ in checks}, key=_exercise_order)
+    return numbers, sorted(checks, key=lambda k: (_exercise_order(k[0]), checks.index(k)))
+
+
+def build_gradebook(out: Path, ids: list[str], fallback: tuple[list[int], list[tuple[int, str]]],
+                    roster: dict[str, dict[str, str]] | None = None, roster_columns: list[str] = ()) -> Gradebook:
+    """The gradebook, from the files in ``out`` alone. ``fallback``: the columns when no student
+    has a results file yet (every grading failed)."""
+    found = {sid: read_results(out, sid) for sid in sorted(ids)}
+    numbers, checks = columns_from([d for d in found.values() if d is not None])
+    if not checks:
+        numbers, checks = fallback
+    rows = [row_for(out, sid, checks, numbers, data) for sid, data in found.items()]
+    for row in rows:
+        row.extra = dict((roster or {}).get(row.student, {}))
+    return Gradebook(numbers, checks, rows, list(roster_columns))
+
+
+def row_for(out: Path, sid: str, checks: list[tuple[int, str]], numbers: list[int] | None = None,
+            data: dict | None = None) -> Row:
+    numbers = numbers if numbers is not None else sorted({n for n, _ in checks}, key=_exercise_order)
+    data = data if data is not None else read_results(out, sid)
+    if data is None:
+        failure = read_failure(out, sid)
+        state = student_status(None, "", failure, numbers)
+        status = f"grader failed: {failure}" if failure is not None else NOT_GRADED
+        return Row(sid, status, statuses=state.exercises, reason=state.reason)
+    tests = {(t["extra_data"]["exercise"], t["extra_data"]["check"]): t for t in data["tests"]}
+    present = [k for k in checks if k in tests]
+    status = status_of(data)
+    state = student_status(data, status, None, numbers)
+    # total and max are Part I's; Part II's bonus shows in its own exercise columns (ex6-ex8)
+    part_one = [k for k in present if not is_bonus(k[0])]
+    row = Row(sid, status, sum(tests[k]["score"] for k in part_one),
+              sum(tests[k]["max_score"] for k in part_one), checks={k: tests[k]["score"] for k in present},
+              failed_checks=[k for k in present if tests[k]["status"] == "failed"],
+              statuses=state.exercises, reason=state.reason,
+              hidden={k for k in present if tests[k].get("visibility") != "visible"})
+    row.feedback = {k: feedback_of(tests[k]) for k in row.failed_checks}
+    for number, check in present:
+        row.exercises[number] = row.exercises.get(number, 0.0) + tests[number, check]["score"]
+        row.exercise_max[number] = row.exercise_max.get(number, 0.0) + tests[number, check]["max_score"]
+    return row
+
+
+def to_csv(book: Gradebook) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(book.header())
+    writer.writerows([[_cell(v) for v in row] for row in book.table()])
+    return BOM + buffer.getvalue()
+
+
+def _cell(value: str) -> str:
+    if value.startswith(FORMULA_START) and not _is_number(value):
+        return "'" + value
+    return value
+
+
+def _is_number(value: str) -> bool:
+    try:
+        float(value)
+    except ValueError:
+        return False
+    return True
+
+
+def number_text(value: float | None) -> str:
+    if value is None:
+        return ""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
