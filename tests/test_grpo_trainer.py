@@ -108,3 +108,27 @@ def test_a_short_grpo_run_logs_what_ppo_logs_and_no_critic(tmp_path, algorithm):
         assert abs(m["stats/approx_kl_first"]) < 1e-5  # the first minibatch's ratio is still 1
     samples = result.samples
     assert samples and samples[0]["question"] == samples[1]["question"]  # num_samples 2 of one group
+
+
+def test_compare_draws_each_runs_reward_length_and_kl_labelled(tmp_path, capsys):
+    from assignment.trainer import cli
+    from assignment.trainer.runlog import COMPARED, draw_comparison, read_jsonl, run_label
+
+    dirs = []
+    for name, extra in (("ppo", []), ("grpo", GRPO_TINY)):
+        cfg = load_config(None, [*TINY, *extra, "eval.size=0", f"train.output_dir={tmp_path / name}"])
+        dirs.append(train(cfg, load_module(REFERENCE)).output_dir)
+    assert [run_label(d) for d in dirs] == ["ppo (ppo)", "grpo (grpo)"]
+    fig = draw_comparison([(run_label(d), read_jsonl(d / "metrics.jsonl")) for d in dirs])
+    assert len(fig.axes) == len(COMPARED)
+    for ax, (key, _) in zip(fig.axes, COMPARED):
+        lines = ax.get_lines()
+        assert [line.get_label() for line in lines] == ["ppo (ppo)", "grpo (grpo)"]
+        for line, d in zip(lines, dirs):
+            metrics = read_jsonl(d / "metrics.jsonl")
+            assert list(line.get_xdata()) == [1, 2, 3]
+            assert list(line.get_ydata()) == [m[key] for m in metrics]
+    out = tmp_path / "fig.png"
+    assert cli.main(["--compare", *map(str, dirs), "--compare-out", str(out)]) == 0 and out.stat().st_size > 0
+    assert cli.main(["--compare", str(tmp_path / "nowhere")]) == 2
+    assert "holds no metrics.jsonl" in capsys.readouterr().err
