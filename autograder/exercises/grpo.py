@@ -150,7 +150,7 @@ SINGLETON = ("a group of one response gives NaN: torch.std of a single value div
 def hint(case, sub, ref, ulps) -> str | None:
     if sub is not None and not torch.isfinite(sub.outputs["advantages"][case.mask]).all():
         return SINGLETON
-    return common.suggest(patterns, scales, case, sub, ref, ulps)
+    return common.suggest(patterns, scales, case, sub, ref, ulps, unambiguous=True)
 
 
 _no_grad = common.no_gradient("advantages")

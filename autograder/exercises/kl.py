@@ -94,7 +94,7 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
 
 
 def hint(case, sub, ref, ulps) -> str | None:
-    return common.suggest(patterns, scales, case, sub, ref, ulps)
+    return common.suggest(patterns, scales, case, sub, ref, ulps, unambiguous=True)
 
 
 _values = all_of(common.outputs(scales, "kl"), _zero_padding)
