@@ -1,9 +1,14 @@
-"""The five exercises as data: names, signatures and outputs, in the order the handout teaches.
+"""The exercises as data: names, signatures and outputs, in the order the handout teaches.
+
+Part I is the five PPO exercises, graded out of 100 points. Part II (exercises 6-8: GRPO's group
+advantage, the loss aggregation modes, the KL estimators) is optional and graded as bonus
+points beside them; ``Exercise.part`` says which part an exercise belongs to.
 
 This is the single source of what the autograder reads from a submission. The stub generator,
 the grader's checks, its worker (the reference "oracle" of exercise 5), the test corpus and
-the handout's table all derive from it or are tested against it. The semantics (what each
-function must compute) are stated in handout.md, section 4, "The contract".
+the handout's tables all derive from it or are tested against it. The semantics (what each
+function must compute) are stated in handout.md, section 4, "The contract" (Part I), and
+section 8 (Part II).
 
 Shapes: ``B`` responses, ``T`` padded response length, ``P`` padded prompt length, ``V``
 vocabulary size.
@@ -29,10 +34,12 @@ class Exercise:
     # Outputs of shape (B, T); the others are scalars of shape ().
     per_token_outputs: tuple[str, ...]
     # The input whose gradient the contract speaks about: it must reach ``outputs[0]`` (exercises
-    # 1-3) or must not reach any output (exercise 4). None for exercise 5.
+    # 1-3, 7, 8) or must not reach any output (exercises 4, 6). None for exercise 5.
     grad_param: str | None
     # One line for the handout's table.
     summary: str
+    # 1: Part I, the 100 points; 2: Part II, bonus points graded apart.
+    part: int = 1
 
     @property
     def scalar_params(self) -> tuple[str, ...]:
@@ -67,15 +74,45 @@ EXERCISES: tuple[Exercise, ...] = (
              ("model", "optimizer", "minibatch", "cfg", "step_optimizer"), (),
              ("metrics",), (), None,
              "one minibatch: forward, slice, losses, backward, optimizer step"),
+    # Part II (bonus): GRPO and Dr. GRPO (handout.md, section 8).
+    Exercise(6, "compute_grpo_advantages",
+             ("rewards", "group_ids", "response_mask", "norm_by_std", "eps"),
+             ("rewards", "group_ids", "response_mask"),
+             ("advantages",), ("advantages",), "rewards",
+             "GRPO's group-relative advantage (Dr. GRPO: without the std)", part=2),
+    Exercise(7, "aggregate_loss",
+             ("loss_mat", "response_mask", "loss_agg_mode", "max_response_length"),
+             ("loss_mat", "response_mask"),
+             ("loss",), (), "loss_mat",
+             "a per-token loss to one scalar: token-mean, GRPO's or Dr. GRPO's mode", part=2),
+    Exercise(8, "compute_kl",
+             ("logprobs", "ref_logprobs", "response_mask", "kl_estimator"),
+             ("logprobs", "ref_logprobs", "response_mask"),
+             ("kl",), ("kl",), "logprobs",
+             "the per-token KL estimators k1, k2, k3 against the reference", part=2),
 )
 
 NAMES: tuple[str, ...] = tuple(e.name for e in EXERCISES)
 BY_NAME: dict[str, Exercise] = {e.name: e for e in EXERCISES}
+PART_I: tuple[Exercise, ...] = tuple(e for e in EXERCISES if e.part == 1)
+PART_II: tuple[Exercise, ...] = tuple(e for e in EXERCISES if e.part == 2)
+PART_I_NAMES: tuple[str, ...] = tuple(e.name for e in PART_I)
+PART_II_NAMES: tuple[str, ...] = tuple(e.name for e in PART_II)
 
 
 def exercise(number: int) -> Exercise:
-    """Exercise ``number`` (1-5)."""
+    """Exercise ``number`` (1-8)."""
     return EXERCISES[number - 1]
+
+
+def is_bonus(number: int) -> bool:
+    """True for Part II's exercises, graded as bonus points beside Part I's 100."""
+    return number > 0 and exercise(number).part == 2
+
+
+# Exercise 7's modes (verl's ``loss_agg_mode`` names) and exercise 8's estimators.
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 # Exercise 5: what the minibatch dict holds, what cfg provides, and the metrics it returns.

@@ -51,7 +51,10 @@ def call_reference(ex: Exercise, case: Case) -> Called:
     x = kwargs[ex.grad_param].requires_grad_(True)
     out = getattr(reference, ex.name)(**kwargs)
     out = out if isinstance(out, tuple) else (out,)
-    grad = torch.autograd.grad(out[0], x)[0] if out[0].requires_grad else None
+    # Part II's exercise 8 returns a per-token (B, T) output: its gradient is that of the sum, i.e.
+    # each token's own derivative (the worker does the same when the header says grad_of_sum).
+    first = out[0].sum() if ex.part == 2 else out[0]
+    grad = torch.autograd.grad(first, x)[0] if out[0].requires_grad else None
     return Called(dict(zip(ex.outputs, [o.detach() for o in out])),
                   {n: o.requires_grad for n, o in zip(ex.outputs, out)}, grad)
 
@@ -63,6 +66,8 @@ def call_submission(ex: Exercise, case: Case, run) -> tuple[Called | None, list[
     """
     header = {"op": "call", "fn": ex.name, "tensor_args": list(ex.tensor_params),
               "scalars": {n: case.scalars[n] for n in ex.scalar_params}, "grad_wrt": [ex.grad_param]}
+    if ex.part == 2:  # Part I's requests stay exactly as they were
+        header["grad_of_sum"] = True
     reply, tensors = run(header, {n: case.tensors[n] for n in ex.tensor_params})
     if reply.get("op") == "error":
         raise StudentError(reply)

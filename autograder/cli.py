@@ -38,8 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="grading.yaml (default: the packaged one)")
     p.add_argument("--submission-folder", type=Path, default=None,
                    help="the folder the submission must lie in once links are resolved (default: its own folder)")
-    p.add_argument("--exercise", type=int, action="append", choices=range(1, 6), metavar="N",
-                   help="grade only exercise N (repeatable; default: all five)")
+    p.add_argument("--exercise", type=int, action="append", choices=range(1, 9), metavar="N",
+                   help="grade only exercise N (repeatable; default: all: 1-5, and 6-8 as bonus)")
     p.add_argument("--with-training", action="store_true", help="add the CPU learning check (exercise 0)")
     p.add_argument("--quiet", action="store_true", help="print only the summary")
     p.add_argument("--version", action="version", version=f"ppo-grade {__version__}")

@@ -14,6 +14,8 @@ from pathlib import Path
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from assignment.contract import is_bonus
+
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's values
 SANDBOXES = ("auto", "namespaces", "user", "process")
 
@@ -71,7 +73,13 @@ class GradingConfig:
     worker: WorkerConfig = MISSING
     hypothesis: HypothesisConfig = MISSING
     exercises: dict[int, dict[str, CheckConfig]] = MISSING
+    # Part II (exercises 6-8): the same shape, graded as bonus points beside exercises' 100.
+    bonus: dict[int, dict[str, CheckConfig]] = MISSING
     training: TrainingConfig = MISSING
+
+    def check(self, number: int, check_id: str) -> CheckConfig:
+        """The settings of one check, whichever part its exercise belongs to."""
+        return (self.bonus if number in self.bonus else self.exercises)[number][check_id]
 
 
 def load(path: Path, expected_checks: dict[int, tuple[str, ...]]) -> GradingConfig:
@@ -91,26 +99,35 @@ def load(path: Path, expected_checks: dict[int, tuple[str, ...]]) -> GradingConf
 def _validate(cfg: GradingConfig, expected: dict[int, tuple[str, ...]], path: Path) -> None:
     if cfg.worker.sandbox not in SANDBOXES:
         raise ConfigError(f"{path}: worker.sandbox must be one of {SANDBOXES}, not {cfg.worker.sandbox!r}")
-    if set(cfg.exercises) != set(expected):
-        raise ConfigError(f"{path}: exercises must be exactly {sorted(expected)}, found {sorted(cfg.exercises)}")
-    for number, checks in cfg.exercises.items():
+    part_one = {n: ids for n, ids in expected.items() if not is_bonus(n)}
+    part_two = {n: ids for n, ids in expected.items() if is_bonus(n)}
+    _validate_part(cfg.exercises, part_one, path, "exercises")
+    _validate_part(cfg.bonus, part_two, path, "bonus")
+    for key in ("memory_mb", "nproc", "threads", "start_timeout_s", "call_timeout_s", "update_timeout_s"):
+        if getattr(cfg.worker, key) <= 0:
+            raise ConfigError(f"{path}: worker.{key} must be positive")
+
+
+def _validate_part(section: dict[int, dict[str, CheckConfig]], expected: dict[int, tuple[str, ...]], path: Path,
+                   key: str) -> None:
+    """One section (``exercises``: Part I, ``bonus``: Part II) against the checks of its exercises."""
+    if set(section) != set(expected):
+        raise ConfigError(f"{path}: {key} must be exactly {sorted(expected)}, found {sorted(section)}")
+    for number, checks in section.items():
         for name in checks:
             if name not in expected[number]:
                 close = difflib.get_close_matches(name, expected[number], n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ConfigError(f"{path}: exercises.{number}.{name} is not a check of exercise {number}{hint}")
+                raise ConfigError(f"{path}: {key}.{number}.{name} is not a check of exercise {number}{hint}")
         for name in expected[number]:
             if name not in checks:
-                raise ConfigError(f"{path}: exercises.{number}.{name} is missing")
+                raise ConfigError(f"{path}: {key}.{number}.{name} is missing")
         for name, check in checks.items():
-            where = f"{path}: exercises.{number}.{name}"
+            where = f"{path}: {key}.{number}.{name}"
             if check.visibility not in VISIBILITIES:
                 raise ConfigError(f"{where}.visibility must be one of {VISIBILITIES}")
             if check.points < 0 or check.examples < 1 or check.ulps < 0:
                 raise ConfigError(f"{where}: points and ulps must be >= 0 and examples >= 1")
-    for key in ("memory_mb", "nproc", "threads", "start_timeout_s", "call_timeout_s", "update_timeout_s"):
-        if getattr(cfg.worker, key) <= 0:
-            raise ConfigError(f"{path}: worker.{key} must be positive")
 
 
 def hidden_seed(cfg: GradingConfig) -> tuple[int, str]:

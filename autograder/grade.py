@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import HypothesisException
 
-from assignment.contract import exercise
+from assignment.contract import exercise, is_bonus
 from assignment.trainer.runlog import REWARD_WINDOW
 
 from . import __version__, calls
@@ -51,6 +51,11 @@ class CheckResult:
         if self.passed is None:
             self.passed = self.score == self.max_score
 
+    @property
+    def bonus(self) -> bool:
+        """A Part II check: its points are a bonus beside Part I's 100."""
+        return is_bonus(self.exercise)
+
 
 @dataclass
 class GradingResult:
@@ -62,11 +67,21 @@ class GradingResult:
 
     @property
     def score(self) -> float:
-        return sum(c.score for c in self.checks)
+        """Part I's score (out of ``max_score``, 100 as shipped); Part II's is ``bonus_score``."""
+        return sum(c.score for c in self.checks if not c.bonus)
 
     @property
     def max_score(self) -> float:
-        return sum(c.max_score for c in self.checks)
+        return sum(c.max_score for c in self.checks if not c.bonus)
+
+    @property
+    def bonus_score(self) -> float:
+        """Part II's bonus points, earned beyond ``max_score``."""
+        return sum(c.score for c in self.checks if c.bonus)
+
+    @property
+    def bonus_max(self) -> float:
+        return sum(c.max_score for c in self.checks if c.bonus)
 
 
 class _Failed(Exception):
@@ -154,7 +169,8 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
     log = ["hidden checks used the public seed: set $" + cfg.seeds.hidden_env + " at deployment"] \
         if secret_source == "public-fallback" else []
     training = with_training or cfg.training.enabled
-    first_role = "exercises 1-4" if set(selected) - {5} else "exercise 5" if 5 in selected else "training check"
+    first_role = "exercises 1-4" if set(selected) & {1, 2, 3, 4} else "exercise 5" if 5 in selected else \
+        "exercises 6-8" if set(selected) - {5} else "training check"
     own = sandbox is None
     sandbox = open_sandbox(cfg, config_path) if own else sandbox  # its server imports torch...
     try:
@@ -196,7 +212,7 @@ def _grade_all(selected, cfg, workers, context, secret, defined, training) -> li
                 results += [_zero(number, c, cfg, f"the submission defines no function {name}") for c in phase]
                 continue
             role = f"hidden checks of exercise {number}" if hidden else \
-                "exercise 5" if number == 5 else "exercises 1-4"
+                "exercise 5" if number == 5 else "exercises 6-8" if is_bonus(number) else "exercises 1-4"
             fatal = None
             for check in phase:
                 result, fatal = (_zero(number, check, cfg, fatal), fatal) if fatal else \
@@ -247,7 +263,7 @@ def _training_check(cfg: GradingConfig, workers: _Workers) -> CheckResult:
 
 
 def _zero(number: int, check: Check, cfg: GradingConfig, message: str) -> CheckResult:
-    c = cfg.exercises[number][check.id]
+    c = cfg.check(number, check.id)
     return CheckResult(number, check.id, check.description, 0.0, c.points, c.visibility, message)
 
 
@@ -269,7 +285,7 @@ def _evaluate(number: int, case, context: dict, run: Callable):
 def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, workers: _Workers, context: dict,
                base_seed: int) -> tuple[CheckResult, str | None]:
     """Run one check; return (result, message that fails the rest of the exercise's phase, or None)."""
-    c = cfg.exercises[number][check.id]
+    c = cfg.check(number, check.id)
     timeout = cfg.worker.update_timeout_s if number == 5 else cfg.worker.call_timeout_s
     failures: list[_Failed] = []
 

@@ -3,6 +3,11 @@
 results.json follows Gradescope's autograder specification (score, execution_time, output,
 tests[], extra_data) and is written last and atomically: whatever the submission wrote at that
 path is replaced.
+
+Part II (exercises 6-8) is bonus: its checks are tests named "Bonus (Part II) ..." with their
+own max_score, and the top-level score adds their points to Part I's. Gradescope's format knows
+no bonus but a score beyond the assignment's total, which stays Part I's 100 in Gradescope's
+settings: that is extra credit there. extra_data states both parts apart for the staff.
 """
 
 from __future__ import annotations
@@ -12,15 +17,19 @@ import os
 import tempfile
 from pathlib import Path
 
-from assignment.contract import exercise
+from assignment.contract import exercise, is_bonus
 
 from .grade import CheckResult, GradingResult
+
+
+BONUS_TITLE = "Bonus (Part II)"
 
 
 def test_name(c: CheckResult) -> str:
     if c.exercise == 0:
         return f"Training check: {c.check}"
-    return f"Exercise {c.exercise} ({exercise(c.exercise).name}): {c.check}"
+    name = f"Exercise {c.exercise} ({exercise(c.exercise).name}): {c.check}"
+    return f"{BONUS_TITLE} {name}" if c.bonus else name
 
 
 def _title(number: int) -> str:
@@ -35,14 +44,16 @@ def to_gradescope(result: GradingResult) -> dict:
         "status": "passed" if c.passed else "failed",
         "output": c.description + ("\n\n" + c.feedback if c.feedback else ""),
         "visibility": c.visibility,
-        "extra_data": {"exercise": c.exercise, "check": c.check},
+        "extra_data": {"exercise": c.exercise, "check": c.check, **({"bonus": True} if c.bonus else {})},
     } for c in result.checks]
+    bonus = {"part_one_score": result.score, "part_one_max": result.max_score,
+             "bonus_score": result.bonus_score, "bonus_max": result.bonus_max} if result.bonus_max else {}
     return {
-        "score": result.score,
+        "score": result.score + result.bonus_score,
         "execution_time": result.execution_time,
         "output": summary(result, include_hidden=False),
         "tests": tests,
-        "extra_data": result.extra,
+        "extra_data": {**result.extra, **bonus},
     }
 
 
@@ -70,12 +81,19 @@ def write_text_atomic(text: str, path: Path, prefix: str | None = None) -> None:
 def summary(result: GradingResult, include_hidden: bool = True) -> str:
     """Totals per exercise. Students read it without the hidden checks (results.json's output):
     those are scored now and reported when the staff publish grades."""
-    shown = [c for c in result.checks if include_hidden or c.visibility == "visible"]
+    visible = [c for c in result.checks if include_hidden or c.visibility == "visible"]
+    shown = [c for c in visible if not c.bonus]
     label = "Total" if include_hidden else "Visible checks"
     lines = [f"{label}: {sum(c.score for c in shown):g} / {sum(c.max_score for c in shown):g}"]
     for number in sorted({c.exercise for c in shown}):
         rows = [c for c in shown if c.exercise == number]
         lines.append(f"  {_title(number)}: {sum(c.score for c in rows):g} / {sum(c.max_score for c in rows):g}")
+    bonus = [c for c in visible if c.bonus]
+    if bonus:  # Part II apart: bonus points beyond the total above
+        lines.append(f"{BONUS_TITLE}, beyond the total: {sum(c.score for c in bonus):g} / {sum(c.max_score for c in bonus):g}")
+        for number in sorted({c.exercise for c in bonus}):
+            rows = [c for c in bonus if c.exercise == number]
+            lines.append(f"  {_title(number)}: {sum(c.score for c in rows):g} / {sum(c.max_score for c in rows):g}")
     hidden = [c for c in result.checks if c.visibility != "visible"]
     if hidden and not include_hidden:
         lines.append(f"Hidden checks ({sum(c.max_score for c in hidden):g} points) are graded now and shown "
@@ -85,19 +103,31 @@ def summary(result: GradingResult, include_hidden: bool = True) -> str:
 
 def terminal(result: GradingResult) -> str:
     """A table per exercise, hidden checks included (the TA's view), with the feedback of each
-    failed check under it."""
+    failed check under it; Part II's exercises after Part I's total, with a bonus total of their own."""
     out = []
-    for number in sorted({c.exercise for c in result.checks}):
-        rows = [c for c in result.checks if c.exercise == number]
-        got, out_of = sum(c.score for c in rows), sum(c.max_score for c in rows)
-        title = _title(number).capitalize()
-        out.append(f"{title:<66}{got:>6g} / {out_of:g}")
-        width = max(len(c.check) for c in rows)
-        for c in rows:
-            mark = "PASS" if c.passed else "FAIL"
-            out.append(f"  {mark}  {c.check:<{width}}  {c.score:>4g}/{c.max_score:<4g} {c.description}")
-            if c.feedback and not c.passed:
-                out += ["          " + line for line in c.feedback.splitlines()]
-        out.append("")
+    part_one = sorted({c.exercise for c in result.checks if not c.bonus})
+    part_two = sorted({c.exercise for c in result.checks if c.bonus})
+    for number in part_one:
+        out += _table(result, number)
     out.append(f"{'TOTAL':<66}{result.score:>6g} / {result.max_score:g}")
+    if part_two:
+        out += ["", f"{BONUS_TITLE.upper()}: bonus points beyond the total", ""]
+        for number in part_two:
+            out += _table(result, number)
+        out.append(f"{'BONUS':<66}{result.bonus_score:>6g} / {result.bonus_max:g}")
     return "\n".join(out)
+
+
+def _table(result: GradingResult, number: int) -> list[str]:
+    rows = [c for c in result.checks if c.exercise == number]
+    got, out_of = sum(c.score for c in rows), sum(c.max_score for c in rows)
+    title = _title(number).capitalize()
+    out = [f"{title:<66}{got:>6g} / {out_of:g}"]
+    width = max(len(c.check) for c in rows)
+    for c in rows:
+        mark = "PASS" if c.passed else "FAIL"
+        out.append(f"  {mark}  {c.check:<{width}}  {c.score:>4g}/{c.max_score:<4g} {c.description}")
+        if c.feedback and not c.passed:
+            out += ["          " + line for line in c.feedback.splitlines()]
+    out.append("")
+    return out

@@ -24,7 +24,7 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
 
 class StubError(ValueError):
-    """The solution module's markers do not match the five exercises."""
+    """The solution module's markers do not match the exercises."""
 
 
 def stub_code(number: int, name: str) -> str:
@@ -47,7 +47,7 @@ def _cells(source: str) -> list[tuple[str | None, str]]:
 def generate(source: str) -> str:
     """Return the student module for the solution module ``source``.
 
-    Raises StubError unless each of the five exercises holds exactly one solution region
+    Raises StubError unless each exercise of the contract holds exactly one solution region
     and nothing else does.
     """
     out, seen = [], []
@@ -60,7 +60,7 @@ def generate(source: str) -> str:
             continue
         if name not in NAMES or regions != 1:
             raise StubError(f"{name or 'the module header'} holds {regions} solution region(s); "
-                            f"only the five exercises may hold one each")
+                            f"only the exercises may hold one each")
         number = NAMES.index(name) + 1
         nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(text)])
         clear = ClearSolutions(enforce_metadata=False, code_stub={"python": stub_code(number, name)})

@@ -11,6 +11,13 @@ This is the only file you edit. Fill in the five blanks, in order:
 Every function follows the contract (handout.md, section 4) to the letter; the autograder
 compares your numbers with the reference on thousands of generated inputs.
 
+Part II (optional, bonus points; handout.md, section 8) adds three more blanks at the end of
+the file, for GRPO and Dr. GRPO on the same trainer:
+
+    6. compute_grpo_advantages  the group-relative advantage that replaces the critic
+    7. aggregate_loss           a per-token loss to one scalar, in the modes the field uses
+    8. compute_kl               the per-token KL estimators k1, k2 and k3
+
 Shapes used in every docstring:
     B  batch size (number of responses)
     T  padded response length
@@ -310,4 +317,157 @@ def ppo_minibatch_update(
         optimizer.zero_grad()
         metrics["stats/grad_norm"] = grad_norm.item()
     return metrics
+    ### END SOLUTION
+
+
+# ---- Part II (bonus): GRPO and Dr. GRPO -------------------------------------------------------
+
+
+def compute_grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    response_mask: torch.Tensor,
+    norm_by_std: bool,
+    eps: float,
+) -> torch.Tensor:
+    """Exercise 6: GRPO's group-relative advantage (Shao et al. 2024), or Dr. GRPO's (Liu et al. 2025).
+
+    Responses with the same group id answer the same prompt. For response i of group g, with
+    mean_g and std_g the mean and the sample standard deviation (Bessel's n - 1) of the rewards
+    of group g:
+        GRPO     (norm_by_std=True):   A_i = (r_i - mean_g) / (std_g + eps)
+        Dr. GRPO (norm_by_std=False):  A_i = r_i - mean_g
+    A group of one response has std 0 and, since r_i = mean_g, advantage 0 (its reward is its
+    own baseline); a group whose rewards are all equal gets 0 too. Every response counts in
+    its group, an empty one (no real token) included. A_i fills row i's real tokens; padded
+    positions are 0.
+
+    Args:
+        rewards: (B,) one score per whole response.
+        group_ids: (B,) int64 group of each response (any integers, in any order).
+        response_mask: (B, T) 1/True on real tokens.
+        norm_by_std: True for GRPO, False for Dr. GRPO.
+        eps: added to std_g, so that a group with one distinct reward divides by eps, not 0.
+
+    Returns:
+        advantages: (B, T) A_i on row i's real tokens, 0 on padding; no gradient.
+
+    Hints:
+        6.1 Mean and std are per group, never over the whole batch.
+        6.2 torch.std uses n - 1 by default (what the contract wants), and returns NaN for a
+            single value: a group of one must give 0.
+        6.3 torch.unique(group_ids, return_inverse=True) numbers the groups 0..G-1; index_add_
+            or scatter_add_ then sums per group without a Python loop (a loop is fine too).
+        6.4 Nothing here needs gradients: work under torch.no_grad().
+    """
+    ### BEGIN SOLUTION
+    # Rewards only: no gradient anywhere (and a region start unlike exercise 4's, for the corpus's anchors).
+    with torch.no_grad():
+        dtype = reduction_dtype(rewards.dtype)
+        r = rewards.to(dtype)
+        _, group = torch.unique(group_ids, return_inverse=True)  # (B,) in 0..G-1
+        G = int(group.max()) + 1
+        count = torch.zeros(G, dtype=dtype, device=r.device).index_add_(0, group, torch.ones_like(r))  # (G,)
+        mean = torch.zeros(G, dtype=dtype, device=r.device).index_add_(0, group, r) / count  # (G,)
+        scores = r - mean[group]  # (B,); exactly 0 in a group of one
+        if norm_by_std:
+            squares = torch.zeros(G, dtype=dtype, device=r.device).index_add_(0, group, scores ** 2)
+            # n - 1 (Bessel), as verl's and TRL's torch.std; a group of one divides 0 by 1: std 0
+            std = torch.sqrt(squares / (count - 1).clamp(min=1))  # (G,)
+            scores = scores / (std[group] + eps)
+        return torch.where(response_mask.bool(), scores[:, None], 0.0)  # (B, T)
+    ### END SOLUTION
+
+
+def aggregate_loss(
+    loss_mat: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str,
+    max_response_length: int,
+) -> torch.Tensor:
+    """Exercise 7: a per-token loss to one scalar, in verl's ``loss_agg_mode`` (TRL: ``loss_type``).
+
+    With L_b the number of real tokens of row b and B the number of rows:
+        "token-mean":               sum_{b,t} loss_bt / sum_b L_b        (Part I; TRL "bnpo")
+        "seq-mean-token-mean":      mean over rows with L_b > 0 of (sum_t loss_bt / L_b)
+                                    (GRPO as published; TRL "grpo")
+        "seq-mean-token-sum-norm":  sum_{b,t} loss_bt / (B * max_response_length)
+                                    (Dr. GRPO; TRL "dr_grpo"): one constant, the generation
+                                    budget, never a response's own length
+    Any other mode raises ValueError.
+
+    Args:
+        loss_mat: (B, T) per-token loss; carries gradient.
+        response_mask: (B, T) 1/True on real tokens.
+        loss_agg_mode: one of the three modes above.
+        max_response_length: the generation budget (an int); only "seq-mean-token-sum-norm" uses it.
+
+    Returns:
+        loss: () scalar whose gradient reaches ``loss_mat``.
+
+    Hints:
+        7.1 Select padding away before summing (masked_sum, or torch.where): junk must not leak.
+        7.2 In "seq-mean-token-mean", rows with no real token have no mean: leave them out.
+        7.3 "seq-mean-token-sum-norm" divides by B * max_response_length for every batch: not by
+            each row's length, and not by T, the batch's padded width.
+    """
+    ### BEGIN SOLUTION
+    mask = response_mask.bool()
+    x = torch.where(mask, loss_mat.to(reduction_dtype(loss_mat.dtype)), 0.0)  # (B, T)
+    if loss_agg_mode == "token-mean":
+        return x.sum() / mask.sum()
+    if loss_agg_mode == "seq-mean-token-mean":
+        lengths = mask.sum(dim=-1)  # (B,)
+        rows = lengths > 0
+        return (x.sum(dim=-1)[rows] / lengths[rows]).mean()
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return x.sum() / (x.shape[0] * max_response_length)
+    raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}: use token-mean, seq-mean-token-mean "
+                     f"or seq-mean-token-sum-norm")
+    ### END SOLUTION
+
+
+def compute_kl(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    response_mask: torch.Tensor,
+    kl_estimator: str,
+) -> torch.Tensor:
+    """Exercise 8: per-token estimators of KL(pi || pi_ref) (Schulman, "Approximating KL divergence").
+
+    The tokens were sampled from pi. With log_r = ref_logprobs - logprobs, per real token:
+        "k1":  -log_r                      unbiased, can be negative; Part I's PPO puts it in the reward
+        "k2":  0.5 * log_r**2              biased, low variance, never negative (verl's "mse")
+        "k3":  exp(log_r) - 1 - log_r      unbiased, never negative (verl's "low_var_kl");
+                                           GRPO puts it in the loss
+    Padded positions are 0. Any other estimator raises ValueError.
+
+    Args:
+        logprobs: (B, T) log-probs of the response tokens under the policy; carries gradient.
+        ref_logprobs: (B, T) log-probs of the same tokens under the frozen reference.
+        response_mask: (B, T) 1/True on real tokens.
+        kl_estimator: "k1", "k2" or "k3".
+
+    Returns:
+        kl: (B, T) per-token estimate, 0 on padding; its gradient reaches ``logprobs``.
+
+    Hints:
+        8.1 The ratio in k3 is pi_ref / pi, i.e. exp(ref_logprobs - logprobs): with the ratio
+            the other way up it estimates KL(pi_ref || pi), a different divergence.
+        8.2 Select padding away before exp: junk log-probs there must not give inf or NaN.
+        8.3 Upcast bfloat16 inputs to float32 (reduction_dtype).
+    """
+    ### BEGIN SOLUTION
+    mask = response_mask.bool()
+    dtype = reduction_dtype(logprobs.dtype)
+    log_ratio = torch.where(mask, ref_logprobs.to(dtype) - logprobs.to(dtype), 0.0)  # (B, T)
+    if kl_estimator == "k1":
+        kl = -log_ratio
+    elif kl_estimator == "k2":
+        kl = 0.5 * log_ratio ** 2
+    elif kl_estimator == "k3":
+        kl = torch.exp(log_ratio) - 1.0 - log_ratio
+    else:
+        raise ValueError(f"unknown kl_estimator {kl_estimator!r}: use k1, k2 or k3")
+    return torch.where(mask, kl, 0.0)
     ### END SOLUTION

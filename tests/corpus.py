@@ -43,11 +43,11 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from assignment.contract import NAMES
+from assignment.contract import PART_I_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION_PATH = ROOT / "solutions" / "exercises.py"
-EXERCISE_NAMES = NAMES  # the contract's five names, in order
+EXERCISE_NAMES = PART_I_NAMES  # Part I's five names, in order (Part II has lists of its own, below)
 BEGIN, END = "### BEGIN SOLUTION\n", "### END SOLUTION"
 
 
@@ -1345,3 +1345,104 @@ def by_name(name: str) -> Variant:
         if v.name == name:
             return v
     raise KeyError(name)
+
+
+# ----------------------------------------------------------------------------------------------
+# Part II (exercises 6-8, bonus): mutants and correct alternatives, kept apart from the lists
+# above so that Part I's corpus, and every test over it, stays exactly as it was.
+# ----------------------------------------------------------------------------------------------
+
+E6_STD = "\n            std = torch.sqrt(squares / (count - 1).clamp(min=1))  # (G,)\n"
+E6_DIVIDE = "\n            scores = scores / (std[group] + eps)\n"
+E6_CENTRE = "\n        scores = r - mean[group]  # (B,); exactly 0 in a group of one\n"
+E6_FLAG = "\n        if norm_by_std:\n"
+E7_SEQ = "\n        return (x.sum(dim=-1)[rows] / lengths[rows]).mean()\n"
+E7_NORM = "\n        return x.sum() / (x.shape[0] * max_response_length)\n"
+E8_K1 = "\n        kl = -log_ratio\n"
+E8_K2 = "\n        kl = 0.5 * log_ratio ** 2\n"
+E8_K3 = "\n        kl = torch.exp(log_ratio) - 1.0 - log_ratio\n"
+
+PART2_MUTANTS: list[Variant] = [
+    Variant("grpo_batch_std", 6, "Divides by the std of the whole batch instead of the group's.",
+            (_sub(E6_DIVIDE, "\n            scores = scores / ((torch.std(r) if r.numel() > 1 else 0.0) + eps)\n"),),
+            hint="per group"),
+    Variant("grpo_population_std", 6, "Takes the population std (divides by n) instead of the sample std (n - 1).",
+            (_sub(E6_STD, "\n            std = torch.sqrt(squares / count)  # (G,)\n"),), hint="Bessel"),
+    Variant("grpo_batch_mean", 6, "Subtracts the mean of the whole batch instead of the group's.",
+            (_sub(E6_CENTRE, "\n        scores = r - r.mean()\n"),), hint="per group"),
+    Variant("grpo_ignores_norm_flag", 6, "Divides by the std in Dr. GRPO mode too.",
+            (_sub(E6_FLAG, "\n        if True:\n"),), hint="Dr. GRPO"),
+    Variant("grpo_torch_std_singleton_nan", 6,
+            "Loops over groups with torch.std and forgets that a group of one gives NaN.",
+            (_sub(E6_STD, "\n            std = torch.stack([torch.std(r[group == g]) for g in range(G)])  # (G,)\n"),),
+            hint="group of one"),
+    Variant("agg_sum_norm_own_length", 7, "Dr. GRPO mode divides each response by its own length (GRPO's length bias).",
+            (_sub(E7_NORM, "\n        lengths = mask.sum(dim=-1)\n        rows = lengths > 0\n"
+                           "        return (x.sum(dim=-1)[rows] / lengths[rows]).mean()\n"),), hint="own length"),
+    Variant("agg_sum_norm_by_padded_width", 7, "Dr. GRPO mode divides by T, the padded width, not the budget.",
+            (_sub(E7_NORM, "\n        return x.sum() / (x.shape[0] * x.shape[1])\n"),), hint="padded width"),
+    Variant("agg_sum_norm_no_batch", 7, "Dr. GRPO mode divides by the budget alone (verl's form), not by B * budget.",
+            (_sub(E7_NORM, "\n        return x.sum() / max_response_length\n"),), hint="B * max_response_length"),
+    Variant("agg_seq_mean_counts_empty_rows", 7, "GRPO mode counts empty responses in the mean over responses.",
+            (_sub(E7_SEQ, "\n        return (x.sum(dim=-1) / lengths.clamp(min=1)).mean()\n"),), hint="no real token"),
+    Variant("kl_k3_ratio_flipped", 8, "k3 with the ratio the wrong way up: exp(logprobs - ref) - 1 - (logprobs - ref).",
+            (_sub(E8_K3, "\n        kl = torch.exp(-log_ratio) - 1.0 + log_ratio\n"),), hint="other way up"),
+    Variant("kl_k1_sign", 8, "k1 as ref_logprobs - logprobs.", (_sub(E8_K1, "\n        kl = log_ratio\n"),), hint="sign"),
+    Variant("kl_k2_no_half", 8, "k2 without the factor 1/2.", (_sub(E8_K2, "\n        kl = log_ratio ** 2\n"),), hint="half"),
+    Variant("kl_k3_no_minus_one", 8, "k3 without the - 1.", (_sub(E8_K3, "\n        kl = torch.exp(log_ratio) - log_ratio\n"),),
+            hint="subtract the 1"),
+]
+
+_ALT_GRPO_LOOP = """\
+    with torch.no_grad():
+        r = rewards.double()
+        scores = torch.zeros_like(r)
+        for g in torch.unique(group_ids):
+            members = group_ids == g
+            centred = r[members] - r[members].mean()
+            if norm_by_std and int(members.sum()) > 1:
+                centred = centred / (torch.std(r[members]) + eps)
+            scores[members] = centred
+        return scores[:, None] * response_mask.double()
+"""
+_ALT_GRPO_SCATTER = """\
+    with torch.no_grad():
+        r = rewards.float()
+        ids, group = torch.unique(group_ids, return_inverse=True)
+        count = torch.zeros(len(ids)).scatter_add_(0, group, torch.ones_like(r))
+        mean = torch.zeros(len(ids)).scatter_add_(0, group, r) / count
+        centred = r - mean.gather(0, group)
+        if norm_by_std:
+            var = torch.zeros(len(ids)).scatter_add_(0, group, centred ** 2) / torch.clamp(count - 1, min=1)
+            centred = centred / (var.sqrt().gather(0, group) + eps)
+        return torch.where(response_mask.bool(), centred.unsqueeze(1), torch.zeros(()))
+"""
+_ALT_AGG_LOOP = """\
+    mask = response_mask.bool()
+    if loss_agg_mode not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        raise ValueError(loss_agg_mode)
+    per_row = [loss_mat[b][mask[b]].float() for b in range(loss_mat.shape[0])]
+    if loss_agg_mode == "token-mean":
+        return torch.cat(per_row).mean()
+    if loss_agg_mode == "seq-mean-token-mean":
+        return torch.stack([row.mean() for row in per_row if row.numel()]).mean()
+    return torch.stack([row.sum() for row in per_row]).sum() / (len(per_row) * max_response_length)
+"""
+_ALT_KL_MULTIPLY = """\
+    m = response_mask.float()
+    x = (ref_logprobs.float() - logprobs.float()) * m
+    kl = {"k1": lambda: -x, "k2": lambda: x * x / 2, "k3": lambda: torch.expm1(x) - x}
+    if kl_estimator not in kl:
+        raise ValueError(kl_estimator)
+    return kl[kl_estimator]() * m
+"""
+
+PART2_ALTERNATIVES: list[Variant] = [
+    Variant("alt_grpo_loop_torch_std", 0, "A Python loop over groups with torch.std, a group of one special-cased, in float64.",
+            (_replace_region(6, _ALT_GRPO_LOOP),)),
+    Variant("alt_grpo_scatter_float32", 0, "scatter_add_ and gather, everything in float32.",
+            (_replace_region(6, _ALT_GRPO_SCATTER),)),
+    Variant("alt_agg_loop_rows", 0, "Boolean indexing row by row, float32.", (_replace_region(7, _ALT_AGG_LOOP),)),
+    Variant("alt_kl_mask_multiply_expm1", 0, "Multiplies by the mask instead of selecting, expm1 for k3, float32.",
+            (_replace_region(8, _ALT_KL_MULTIPLY),)),
+]

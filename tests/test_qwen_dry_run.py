@@ -113,3 +113,24 @@ def test_the_recompile_probe_runs_the_whole_schedule(capsys):
     printed = capsys.readouterr().out
     calls = [line for line in printed.splitlines() if line.endswith(" recompile messages")]
     assert len(calls) == 5 and calls[-1].startswith("eval, eager dynamic cache"), printed
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo"])
+def test_the_grpo_configs_keep_the_ppo_budget_and_run_on_cpu(staged, capsys, algorithm):
+    """Part II's GSM8K configs: PPO's 256 responses a step as 64 prompts x 4, the same
+    minibatches, accumulation, lr, answer limit and fast rollout; a tiny CPU run finishes."""
+    config = ROOT / "configs" / f"gsm8k_qwen_coder_{algorithm}.yaml"
+    ppo, cfg = load_config(CONFIG), load_config(config)
+    assert cfg.algorithm == algorithm and cfg.rollout.group_size == 4
+    assert cfg.rollout.batch_size // cfg.rollout.group_size == 64
+    assert (cfg.rollout.batch_size, cfg.ppo.minibatch_size, cfg.ppo.grad_accum_steps, cfg.ppo.epochs, cfg.ppo.lr,
+            cfg.rollout.max_new_tokens) == (ppo.rollout.batch_size, ppo.ppo.minibatch_size, ppo.ppo.grad_accum_steps,
+                                            ppo.ppo.epochs, ppo.ppo.lr, ppo.rollout.max_new_tokens)
+    fast = ("cache_implementation", "compile", "generation_dtype")
+    assert [getattr(cfg.rollout, k) for k in fast] == [getattr(ppo.rollout, k) for k in fast]
+    tiny = [t for t in TINY if not t.startswith("train.time_limit_s")] + ["train.time_limit_s=null"]
+    argv = ["--config", str(config), "--impl", str(ROOT / "solutions" / "exercises.py"), *tiny]
+    assert cli.main(argv) == 0
+    assert "status: finished (2 PPO steps)" in capsys.readouterr().out
+    metrics = read_jsonl(staged / "runs" / f"gsm8k_qwen_coder_{algorithm}" / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["stats/minibatches"] > 0 and "loss/kl" in m for m in metrics)

@@ -70,7 +70,7 @@ def test_docstrings_name_every_argument_with_a_shape():
 
 @pytest.mark.parametrize("source,message", [
     ("def compute_policy_loss():\n    pass\n", "expected one in each"),
-    ("def helper():\n    ### BEGIN SOLUTION\n    x = 1\n    ### END SOLUTION\n", "only the five exercises"),
+    ("def helper():\n    ### BEGIN SOLUTION\n    x = 1\n    ### END SOLUTION\n", "only the exercises"),
     ("def compute_policy_loss():\n    ### BEGIN SOLUTION\n    x = 1\n", "unbalanced"),
 ])
 def test_generator_rejects_broken_markers(source, message):

@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the run's files go to the folder of the same name without .md")
     parser.add_argument("--staging-seconds", type=float, metavar="S",
                         help="with --report: device time spent staging the model and data (measured outside the run)")
+    parser.add_argument("--compare", nargs="+", metavar="RUN_DIR",
+                        help="draw the reward, response length and KL per step of these runs on one figure and exit")
+    parser.add_argument("--compare-out", metavar="PATH", default="comparison.png",
+                        help="where --compare writes its figure (default: comparison.png)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. ppo.lr=1e-5")
     return parser
 
@@ -68,6 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     impl_spec = args.impl or (_impl_of_run(Path(args.resume)) if args.resume else None) or "assignment"
     try:
+        if args.compare:
+            from assignment.trainer.runlog import compare_runs
+
+            print(f"wrote {compare_runs([Path(d) for d in args.compare], Path(args.compare_out))}")
+            return 0
         if args.report:
             from assignment.trainer.report import write_report
 

@@ -104,8 +104,11 @@ class RewardConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    # Responses sampled per PPO step (one per prompt).
+    # Responses sampled per PPO step: one per prompt for PPO, group_size per prompt for GRPO.
     batch_size: int = 64
+    # Responses per prompt (GRPO and Dr. GRPO: the group whose mean reward is the baseline,
+    # exercise 6; batch_size / group_size prompts per step). PPO samples one: it must be 1 there.
+    group_size: int = 1
     # Prompts longer than this (in tokens) are truncated on the left.
     max_prompt_tokens: int = 256
     # The synthetic answer needs three tokens ('####', a digit, EOS); a short budget leaves
@@ -241,8 +244,15 @@ class TrainConfig:
     cpu_threads: Optional[int] = None
 
 
+ALGORITHMS = ("ppo", "grpo", "dr_grpo")
+
+
 @dataclass(frozen=True)
 class Config:
+    # ppo: Part I (critic, GAE, k1 KL in the reward). grpo / dr_grpo: Part II (group baseline of
+    # exercise 6, no critic, exercise 7's aggregation, k3 KL of exercise 8 in the loss at
+    # kl.coeff); see assignment/trainer/grpo.py and handout.md section 8.
+    algorithm: str = "ppo"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -309,6 +319,16 @@ def _validate(cfg: Config) -> None:
     need(rollout.generation_dtype in (None, "bfloat16", "float16") and rollout.generation_dtype != cfg.model.dtype,
          f"rollout.generation_dtype must be null, or bfloat16 or float16 other than model.dtype, "
          f"got '{rollout.generation_dtype}'")
+    need(cfg.algorithm in ALGORITHMS, f"algorithm must be ppo, grpo or dr_grpo, got '{cfg.algorithm}'")
+    if cfg.algorithm == "ppo":
+        need(rollout.group_size == 1, f"rollout.group_size must be 1 for algorithm ppo (one response per prompt), "
+                                      f"got {rollout.group_size}")
+    else:
+        # a group of one is its own baseline: advantage 0, nothing to learn from
+        need(rollout.group_size >= 2, f"rollout.group_size must be >= 2 for algorithm {cfg.algorithm}, "
+                                      f"got {rollout.group_size}")
+        need(rollout.group_size >= 1 and rollout.batch_size % rollout.group_size == 0,
+             f"rollout.group_size ({rollout.group_size}) must divide rollout.batch_size ({rollout.batch_size})")
     need(rollout.batch_size >= 2, "rollout.batch_size must be >= 2 (advantages are whitened over the batch)")
     need(rollout.max_new_tokens >= 1 and rollout.max_prompt_tokens >= 1, "rollout.max_new_tokens and rollout.max_prompt_tokens must be >= 1")
     need(rollout.temperature > 0, f"rollout.temperature must be > 0, got {rollout.temperature}")

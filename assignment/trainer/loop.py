@@ -15,6 +15,10 @@ TinyZero/verl; laid out in one block as in CleanRL's ``ppo.py``):
     5. epochs x shuffled minibatches of impl.ppo_minibatch_update (``ppo.ppo_update``), stopped
        early when approx_kl passes the ``ppo.target_kl`` bound
 
+With ``algorithm: grpo | dr_grpo`` (Part II, ``grpo``): step 1 samples ``rollout.group_size``
+responses per prompt, steps 3-4 are exercise 6's group advantages (no KL in the reward, no
+critic), and step 5 runs the same exercise 5 with GRPO's loss swapped in around each call.
+
 Around it: ``setup_run`` builds what the steps share (a ``Run``), and ``run_steps`` is the
 schedule: an evaluation before the first step; samples, checkpoints and evaluations between
 steps when they are due; the last checkpoint and evaluation after the last step. With
@@ -39,10 +43,11 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
 from assignment.model import PolicyWithValueHead
-from assignment.trainer import checkpoint
+from assignment.trainer import checkpoint, grpo
 from assignment.trainer.config import Config, PPOConfig, RewardConfig, to_yaml
 from assignment.trainer.data import Curriculum, Problem, load_problems, training_batch
 from assignment.trainer.evaluate import evaluate_batches, summarize
+from assignment.trainer.impl import ImplError
 from assignment.trainer.loading import DTYPES, build_models, load_tokenizer
 from assignment.trainer.ppo import (KLController, early_stop_bound, guard_advantages, kl_penalties, ppo_update,
                                    sequence_kl)
@@ -258,8 +263,11 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     started = time.time()
     reset_peak_memory(run.device)
     # 1. Sample B prompts (a function of seed and step: a resumed run draws the same) and generate.
-    problems = training_batch(cfg.data, run.problems["train"], cfg.rollout.batch_size, cfg.train.seed, step,
-                              run.curriculum.level)
+    #    GRPO: B / G prompts, each G = rollout.group_size times in a row (group_size is 1 for PPO).
+    group_size = cfg.rollout.group_size
+    problems = training_batch(cfg.data, run.problems["train"], cfg.rollout.batch_size // group_size, cfg.train.seed,
+                              step, run.curriculum.level)
+    problems = [problem for problem in problems for _ in range(group_size)]
     prompts = render_prompts(run.tokenizer, [problem.question for problem in problems], cfg.data)
     if run.sampler is not None:
         refresh_copy(run.sampler, run.policy.lm)  # the weights of the last update (or of the checkpoint)
@@ -269,19 +277,31 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     texts = run.tokenizer.batch_decode(rollout.sample.response_ids, skip_special_tokens=True)
     scores = score_responses(texts, problems, rollout.sample, cfg.reward)
     final_rewards = torch.tensor([scored.reward for scored in scores], dtype=torch.float32, device=run.device)
-    # 3. Per-token k1 KL penalty against the frozen reference -> (B, T).
-    penalties = kl_penalties(rollout.logprobs, rollout.ref_logprobs, response_mask, run.kl_ctl.value)
-    # 4. Advantages and returns (exercise 4) -> (B, T) each; then the guard: clip, or skip the update.
-    advantages, returns = impl.compute_gae_advantages(final_rewards, penalties, rollout.values, response_mask,
-                                                      cfg.ppo.gamma, cfg.ppo.lam)
+    if cfg.algorithm == "ppo":
+        # 3. Per-token k1 KL penalty against the frozen reference -> (B, T).
+        penalties = kl_penalties(rollout.logprobs, rollout.ref_logprobs, response_mask, run.kl_ctl.value)
+        # 4. Advantages and returns (exercise 4) -> (B, T) each.
+        advantages, returns = impl.compute_gae_advantages(final_rewards, penalties, rollout.values, response_mask,
+                                                          cfg.ppo.gamma, cfg.ppo.lam)
+    else:
+        # 3-4. GRPO: no KL in the reward (it is in the loss), group advantages of exercise 6, no returns.
+        advantages = grpo.advantages(impl, final_rewards, response_mask, cfg)
+        returns = torch.zeros_like(advantages)
+    # The guard: clip, or skip the update.
     advantages, guard_metrics, skip = guard_advantages(final_rewards, advantages, response_mask, cfg.ppo)
     rollout_done = time.time()
     # 5. Epochs x shuffled minibatches of exercise 5 (none if the guard said skip).
-    update_metrics = update(run, cfg, impl, step, rollout.update_batch(advantages, returns), skip)
+    batch = rollout.update_batch(advantages, returns)
+    if cfg.algorithm != "ppo":
+        batch = grpo.update_batch(batch, rollout.ref_logprobs)
+    update_metrics = update(run, cfg, impl, step, batch, skip)
     metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **guard_metrics,
                **update_metrics, "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done,
                **peak_memory(run.device, "memory/")}
     # After the batch: steer the KL coefficient; widen the synthetic operands once they are learned.
+    if cfg.algorithm != "ppo":
+        metrics.pop("rollout/value_mean")  # no critic: the value head is never trained
+        metrics["rollout/zero_spread_groups"] = grpo.zero_spread_groups(final_rewards, group_size)
     run.kl_ctl.update(metrics["rollout/kl"], cfg.rollout.batch_size)
     if cfg.data.task == "synthetic":
         metrics["rollout/max_operand"] = run.curriculum.level
@@ -298,8 +318,12 @@ def update(run: Run, cfg: Config, impl: ModuleType, step: int, batch: dict[str, 
         tqdm.write(f"[step {step}] update skipped: {skip}")
         return {}
     generator = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step)
+    around = None
+    if cfg.algorithm != "ppo":  # GRPO's loss around exercise 5 (assignment/trainer/grpo.py)
+        def around(minibatch):
+            return grpo.policy_loss_swap(impl, minibatch, cfg, run.kl_ctl.value)
     with tqdm(total=minibatches_per_step(cfg), desc="update", leave=False, disable=not cfg.train.progress) as bar:
-        metrics = ppo_update(impl, run.policy, run.optimizer, run.scheduler, batch, cfg, generator, bar)
+        metrics = ppo_update(impl, run.policy, run.optimizer, run.scheduler, batch, cfg, generator, bar, around)
     if metrics["stats/early_stop"]:
         tqdm.write(f"[step {step}] update stopped early after minibatch {int(metrics['stats/minibatches'])} of "
                    f"{minibatches_per_step(cfg)}: approx_kl {metrics['stats/early_stop_approx_kl']:.4f} > "
@@ -456,6 +480,9 @@ def _train(cfg: Config, impl: ModuleType, resume: bool, on_step: Callable[[int, 
     """Set up, run the schedule until it ends or the time limit stops it (then checkpoint), record
     how the invocation ended, draw the reward curve of a finished run, return the result."""
     started = time.time()
+    if cfg.algorithm != "ppo" and grpo.missing(impl):
+        raise ImplError(f"algorithm {cfg.algorithm} needs Part II's exercises; the submission does not define "
+                        f"{', '.join(grpo.missing(impl))}")
     out = open_run_dir(cfg, resume)
     progress = Progress(out, command, resume)
     run = setup_run(cfg, out, resume, progress, Deadline.after(cfg.train.time_limit_s, started))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -52,7 +52,9 @@ class UpdateConfig:
     @classmethod
     def from_config(cls, cfg: Config) -> "UpdateConfig":
         ppo = cfg.ppo
-        return cls(cfg.rollout.temperature, ppo.clip_ratio, ppo.clip_range_value, ppo.vf_coeff, ppo.entropy_coeff,
+        # GRPO and Dr. GRPO train no critic: exercise 5's value loss is multiplied by 0.
+        vf_coeff = ppo.vf_coeff if cfg.algorithm == "ppo" else 0.0
+        return cls(cfg.rollout.temperature, ppo.clip_ratio, ppo.clip_range_value, vf_coeff, ppo.entropy_coeff,
                    ppo.grad_accum_steps, ppo.max_grad_norm)
 
 
@@ -136,7 +138,8 @@ def early_stop_bound(cfg: PPOConfig) -> float | None:
 
 def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: Any, batch: dict[str, Any], cfg: Config, generator: torch.Generator,
-               progress: Any = None) -> dict[str, float]:
+               progress: Any = None,
+               around: Callable[[dict[str, Any]], ContextManager[dict[str, float]]] | None = None) -> dict[str, float]:
     """``cfg.ppo.epochs`` passes of shuffled minibatches through ``impl.ppo_minibatch_update``.
 
     ``batch`` is the minibatch dict of the contract (handout.md section 4, exercise 5), for the whole rollout (B rows). The
@@ -153,6 +156,10 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     minibatch's own values (``FIRST_MINIBATCH_KEYS``): the policy has not moved yet there, so
     the ratio is exactly 1 and both must be 0 up to float rounding, the sanity check of the
     exercises (the means mix in later minibatches, where the policy has moved).
+
+    ``around(minibatch)``, when given, is a context manager around each minibatch's call (GRPO's
+    ``grpo.policy_loss_swap``); the dict it yields is merged into that minibatch's metrics. PPO
+    passes none.
     """
     update_cfg = UpdateConfig.from_config(cfg)
     accum, bound = cfg.ppo.grad_accum_steps, early_stop_bound(cfg.ppo)
@@ -164,7 +171,12 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     for _ in range(cfg.ppo.epochs):
         for i, minibatch in enumerate(minibatches(batch, cfg.ppo.minibatch_size, generator)):
             step_optimizer = (i + 1) % accum == 0
-            metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
+            if around is None:
+                metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
+            else:
+                with around(minibatch) as extra:
+                    metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
+                metrics = {**metrics, **extra}
             if step_optimizer:
                 scheduler.step()
             for key, value in metrics.items():

@@ -231,3 +231,57 @@ def plot_run(out: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+# What ``compare_runs`` draws, one panel each: (metrics.jsonl key, the panel's y label).
+COMPARED = (("rollout/reward_mean", "training reward (batch mean)"),
+            ("rollout/response_length", "response length (tokens)"),
+            ("rollout/kl", "KL to the reference (nats/seq, k1)"))
+
+
+def run_label(out: Path) -> str:
+    """A run's name in a comparison: its folder, and its algorithm when config.yaml names one."""
+    config = out / "config.yaml"
+    algorithm = None
+    if config.is_file():
+        from omegaconf import OmegaConf  # lazily: this module imports without the trainer's dependencies
+
+        algorithm = OmegaConf.load(config).get("algorithm")
+    return f"{out.name} ({algorithm})" if algorithm else out.name
+
+
+def draw_comparison(runs: list[tuple[str, list[dict[str, Any]]]]) -> Any:
+    """One figure, one panel per ``COMPARED`` metric, one line per run (labelled with its name)
+    against the step: runs of PPO, GRPO and Dr. GRPO side by side (handout.md section 8)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(COMPARED), 1, figsize=(8, 9), sharex=True)
+    for ax, (key, ylabel) in zip(axes, COMPARED):
+        for label, metrics in runs:
+            rows = [m for m in metrics if key in m]
+            ax.plot([m["step"] for m in rows], [m[key] for m in rows], label=label)
+        ax.set_ylabel(ylabel)
+    axes[0].legend()
+    axes[-1].set_xlabel("step")
+    fig.tight_layout()
+    return fig
+
+
+def compare_runs(run_dirs: list[Path], path: Path) -> Path:
+    """Draw ``draw_comparison`` of the runs in ``run_dirs`` to ``path``. Raises
+    FileNotFoundError naming a folder that holds no metrics.jsonl."""
+    runs = []
+    for out in run_dirs:
+        if not (out / METRICS).is_file():
+            raise FileNotFoundError(f"{out} holds no {METRICS}: not a run directory")
+        runs.append((run_label(out), read_jsonl(out / METRICS)))
+    fig = draw_comparison(runs)
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

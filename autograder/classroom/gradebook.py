@@ -18,6 +18,8 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from assignment.contract import is_bonus
+
 from .grading import read_failure, read_results, status_of
 from .status import NOT_GRADED, feedback_of, student_status
 
@@ -109,8 +111,10 @@ def row_for(out: Path, sid: str, checks: list[tuple[int, str]], numbers: list[in
     present = [k for k in checks if k in tests]
     status = status_of(data)
     state = student_status(data, status, None, numbers)
-    row = Row(sid, status, sum(tests[k]["score"] for k in present),
-              sum(tests[k]["max_score"] for k in present), checks={k: tests[k]["score"] for k in present},
+    # total and max are Part I's; Part II's bonus shows in its own exercise columns (ex6-ex8)
+    part_one = [k for k in present if not is_bonus(k[0])]
+    row = Row(sid, status, sum(tests[k]["score"] for k in part_one),
+              sum(tests[k]["max_score"] for k in part_one), checks={k: tests[k]["score"] for k in present},
               failed_checks=[k for k in present if tests[k]["status"] == "failed"],
               statuses=state.exercises, reason=state.reason,
               hidden={k for k in present if tests[k].get("visibility") != "visible"})

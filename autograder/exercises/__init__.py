@@ -42,8 +42,9 @@ def all_of(*compares: Callable[..., list[str]]) -> Callable[..., list[str]]:
     return compare
 
 
-from . import entropy, gae, policy, update, value  # noqa: E402  (they import Check from here)
+from . import aggregate, entropy, gae, grpo, kl, policy, update, value  # noqa: E402  (they import Check from here)
 
-MODULES = {1: policy, 2: value, 3: entropy, 4: gae, 5: update}
+# Part I (exercises 1-5, the 100 points), then Part II (6-8, bonus; assignment/contract.py).
+MODULES = {1: policy, 2: value, 3: entropy, 4: gae, 5: update, 6: grpo, 7: aggregate, 8: kl}
 CHECKS: dict[int, tuple[Check, ...]] = {n: m.CHECKS for n, m in MODULES.items()}
 CHECK_IDS: dict[int, tuple[str, ...]] = {n: tuple(c.id for c in checks) for n, checks in CHECKS.items()}

@@ -63,11 +63,24 @@ def gradient(scales: Scales, param: str) -> Callable[..., list[str]]:
     return check
 
 
-def suggest(patterns, scales: Scales, case, sub: Called | None, ref: Called | None, ulps: float) -> str | None:
+def suggest(patterns, scales: Scales, case, sub: Called | None, ref: Called | None, ulps: float,
+            unambiguous: bool = False) -> str | None:
     """A hint when the submission's outputs match a known mistake that, on this case, gives
-    something other than the reference. Hints never change a score."""
+    something other than the reference. Hints never change a score.
+
+    With ``unambiguous`` (Part II's exercises), no hint at all when two mistakes with different
+    hints both match: on a small shrunk case they can give the same number, and the first one's
+    hint would then name a mistake the student may not have made."""
     if sub is None or ref is None:
         return None
+    if unambiguous:
+        matched = {m for m in _matching(patterns, scales, case, sub, ref, ulps)}
+        return matched.pop() if len(matched) == 1 else None
+    return next(_matching(patterns, scales, case, sub, ref, ulps), None)
+
+
+def _matching(patterns, scales: Scales, case, sub: Called, ref: Called, ulps: float):
+    """The messages of the patterns that ``sub`` matches on ``case`` (and the reference does not), in order."""
     s, mask = scales(case, ref), case.mask
     for name, wrong, message in patterns(case):
         got, right = sub.outputs.get(name), ref.outputs.get(name)
@@ -77,5 +90,4 @@ def suggest(patterns, scales: Scales, case, sub: Called | None, ref: Called | No
         if right.dim() == 2:
             got, wrong, right, tol = got[mask], wrong[mask], right[mask], tol[mask]
         if bool(within(got, wrong, tol).all()) and not bool(within(right, wrong, tol).all()):
-            return message
-    return None
+            yield message

@@ -83,7 +83,8 @@ def _call(module: ModuleType, header: dict, tensors: dict) -> tuple[dict, dict]:
     reply = {"op": "result", "output": _describe(out, "out", reply_tensors)}
     grad_wrt = header.get("grad_wrt", [])
     first = out[0] if isinstance(out, (tuple, list)) and out else out
-    if grad_wrt and isinstance(first, torch.Tensor) and first.requires_grad and first.numel() == 1:
+    if grad_wrt and isinstance(first, torch.Tensor) and first.requires_grad \
+            and (first.numel() == 1 or header.get("grad_of_sum")):
         inputs = [kwargs[n] for n in grad_wrt]
         grads = torch.autograd.grad(first.sum(), inputs, allow_unused=True)
         for n, g in zip(grad_wrt, grads):
