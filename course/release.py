@@ -90,7 +90,9 @@ def _student_pyproject() -> str:
         "dependencies = [", *[f"    {json.dumps(d)}," for d in dependencies], "]", "",
         "[project.scripts]", f'ppo-train = "{project["scripts"]["ppo-train"]}"', "",
         "[tool.setuptools.packages.find]", 'include = ["assignment*"]', "",
-        "[tool.pytest.ini_options]", 'testpaths = ["tests"]', 'addopts = "-ra"', ""])
+        "[tool.pytest.ini_options]", 'testpaths = ["tests"]', 'addopts = "-ra"',
+        "markers = [", *[f'    "ex{n}: the public tests of exercise {n} (pytest tests/public -m ex{n})",' for n in range(1, 6)],
+        "]", ""])
 
 
 def build_student_release(out: Path) -> Path:
