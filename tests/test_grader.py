@@ -292,6 +292,10 @@ def test_attack_is_withstood_in_bounded_time(variant, sandbox):
     feedback = "\n".join(c.feedback for c in result.checks)
     if name in ("attack_sys_exit_import", "attack_copy_reference_import"):
         assert result.score == 0, scores  # no import, or the blank bodies it could not fill
+    elif name == "attack_kill_parent_import":
+        # The worker runs as an unprivileged uid (namespaces and user strategies alike), so its
+        # SIGKILL to the server (root) fails with EPERM at import: the grader goes on and says so.
+        assert result.score == 0 and "could not be imported: raised PermissionError" in feedback, feedback[:500]
     elif variant.exercise == 0:
         # kill-parent, forks, fake results, spam, a daemon: the grader survives; the code is the solution
         assert result.score == 100, scores
