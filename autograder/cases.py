@@ -49,21 +49,47 @@ class Case:
         return "Case(" + ", ".join(f"{k}: {tuple(t.shape)}" for k, t in self.tensors.items()) + ")"
 
     def describe(self) -> str:
-        """The arguments as a student would write them, tensors in their shapes."""
+        """The arguments as a student would write them, tensors in their shapes; what padding
+        holds is named as junk, so that a 52.4 beside logits of scale 0 reads as what it is."""
+        mask = self.mask if "response_mask" in self.tensors else None
         lines = [f"{k} = {v!r}" for k, v in self.scalars.items()]
-        lines += [describe_tensor(name, t) for name, t in self.tensors.items()]
+        lines += [describe_tensor(name, t, None if name == "response_mask" else mask)
+                  for name, t in self.tensors.items()]
+        if mask is not None and not bool(mask.all()):
+            lines.append("(where response_mask is 0 the inputs hold padding junk: any finite value, which must "
+                         "change no result)")
         if self.notes:
-            lines.append("(generated with " + ", ".join(f"{k} = {v}" for k, v in self.notes.items()) + ")")
+            lines.append("(real tokens generated with " + ", ".join(f"{k} = {v}" for k, v in self.notes.items()) + ")")
         return "\n".join(lines)
 
+    def without_empty_rows(self) -> "Case | None":
+        """The same case without its all-padding rows (a simpler counterexample), or None if it has
+        none. Every (B, ...) tensor loses those rows; the real tokens stay as they are."""
+        mask = self.mask
+        keep = mask.any(1)
+        if bool(keep.all()):
+            return None
+        B = mask.shape[0]
+        tensors = {k: (t[keep] if t.dim() >= 1 and t.shape[0] == B else t) for k, t in self.tensors.items()}
+        return Case(tensors, dict(self.scalars), dict(self.notes))
 
-def describe_tensor(name: str, t: torch.Tensor) -> str:
+
+def describe_tensor(name: str, t: torch.Tensor, mask: torch.Tensor | None = None) -> str:
+    """One argument: printed in full when small, else its shape and range (real tokens apart
+    from padding junk when ``mask`` (B, T) gives the padding)."""
     head = f"{name}: shape {tuple(t.shape)}, {str(t.dtype).removeprefix('torch.')}"
     if t.numel() > MAX_PRINTED:
-        finite = t[torch.isfinite(t)] if t.dtype.is_floating_point else t
-        span = f", values in [{fmt(finite.min().item())}, {fmt(finite.max().item())}]" if finite.numel() else ""
-        return head + span
+        if mask is not None and tuple(t.shape[:2]) == tuple(mask.shape) and t.dtype.is_floating_point:
+            real, pad = _span(t[mask]), _span(t[~mask])
+            return head + (f", real tokens in {real}" if real else "") + (f", padding junk in {pad}" if pad else "")
+        span = _span(t)
+        return head + (f", values in {span}" if span else "")
     return head + " =\n" + _indent(nested(t))
+
+
+def _span(t: torch.Tensor) -> str:
+    finite = t[torch.isfinite(t)] if t.dtype.is_floating_point else t
+    return f"[{fmt(finite.min().item())}, {fmt(finite.max().item())}]" if finite.numel() else ""
 
 
 def nested(t: torch.Tensor) -> str:

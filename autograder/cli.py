@@ -88,9 +88,10 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:  # a bug of the grader's own: say so, give 0, exit non-zero
             traceback.print_exc(file=sys.stderr)
             return _grader_failed(f"{type(err).__name__}: {err}", extra, args.results, report)
-    for line in result.log:
-        print(f"ppo-grade: {line}", file=sys.stderr)
     print(report.summary(result) if args.quiet else report.terminal(result))
+    sys.stdout.flush()  # the staff notes come after the student's report, never before it
+    for line in result.log:
+        print(f"ppo-grade: note for course staff (students can ignore it): {line}", file=sys.stderr)
     report.write_json_atomic(report.to_gradescope(result), args.results)
     return 0
 

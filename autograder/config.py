@@ -126,6 +126,13 @@ def _validate_part(section: dict[int, dict[str, CheckConfig]], expected: dict[in
             where = f"{path}: {key}.{number}.{name}"
             if check.visibility not in VISIBILITIES:
                 raise ConfigError(f"{where}.visibility must be one of {VISIBILITIES}")
+            # Gradescope hides a student's total score while after_due_date or after_published tests
+            # are unreleased, but a `hidden` test does not hide it ("they should only be used for tests
+            # which don't contribute points to the total"): its points would show in the total, and
+            # total minus the visible tests is the hidden result.
+            if check.visibility == "hidden" and check.points > 0:
+                raise ConfigError(f"{where}: a check with points cannot be 'hidden' (on Gradescope its points would "
+                                  "show in the student's total before publication); use after_published")
             if check.points < 0 or check.examples < 1 or check.ulps < 0:
                 raise ConfigError(f"{where}: points and ulps must be >= 0 and examples >= 1")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import platform
 import time
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ import hypothesis
 import torch
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import seed as hypothesis_seed
-from hypothesis.errors import HypothesisException
+from hypothesis.errors import HypothesisException, HypothesisWarning
 
 from assignment.contract import exercise, is_bonus
 from assignment.trainer.runlog import REWARD_WINDOW
@@ -153,6 +154,17 @@ def _grading_model() -> torch.nn.Module:
     return update.grading_model()  # read only: every reference run works on a scratch copy
 
 
+# What each strategy cannot hide, for the staff log (stderr), never for the student's text.
+STRATEGY_NOTES = {
+    "user": ["the user sandbox hides only what file modes hide: a copy of the answer key readable by all "
+             "(an unzipped release or zip in /tmp, a clone in a home folder) is readable by submissions. Keep "
+             "every copy root-only (chmod -R go-rwx DIR) or grade as root where unshare works (namespaces). "
+             "Gradescope's image holds no such copy"],
+    "process": ["the process sandbox runs submissions as you: they can read every file you can, answer keys "
+                "included; use it to check your own code, never to grade others'"],
+}
+
+
 def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = False,
           exercises: set[int] | None = None, sandbox: Sandbox | None = None) -> GradingResult:
     """Grade the submission whose text is ``source`` under ``cfg``.
@@ -173,6 +185,7 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
         "exercises 6-8" if set(selected) - {5} else "training check"
     own = sandbox is None
     sandbox = open_sandbox(cfg, config_path) if own else sandbox  # its server imports torch...
+    log += STRATEGY_NOTES.get(sandbox.strategy, [])
     try:
         context = {"model": _grading_model()} if 5 in selected else {}  # ...while we import transformers
         workers = _Workers(sandbox, sandbox.add(source))
@@ -302,6 +315,15 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
               phases=(Phase.generate, Phase.shrink))
     @given(check.strategy(context))
     def prop(case):
+        failed = attempt(case)
+        if failed is not None:
+            failures.append(failed)
+            if len(failures) > cfg.hypothesis.shrink_calls:
+                raise _Abort("", fatal=False)  # enough shrinking: report the smallest failure so far
+            raise failed
+
+    def attempt(case) -> _Failed | None:
+        """Run the check on one case: the failure, or None when it holds."""
         sub = ref = None
         try:
             sub, ref, problems = _evaluate(number, case, context, run)
@@ -317,22 +339,35 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
                              f"{err.reply.get('message')}; the remaining checks of this exercise were not run",
                              fatal=True) from None
             problems, kind = [err.describe()], "error"
-        if problems:
-            failures.append(_Failed(case, problems, kind, sub, ref))
-            if len(failures) > cfg.hypothesis.shrink_calls:
-                raise _Abort("", fatal=False)  # enough shrinking: report the smallest failure so far
-            raise failures[-1]
+        return _Failed(case, problems, kind, sub, ref) if problems else None
+
+    def simplest(failure: _Failed) -> _Failed:
+        """Hypothesis stops shrinking at shrink_calls: if the counterexample still has all-padding
+        rows, show it without them when that still fails (empty rows explain nothing)."""
+        simpler = failure.case.without_empty_rows() if hasattr(failure.case, "without_empty_rows") else None
+        if simpler is None or check.hidden:
+            return failure
+        try:
+            again = attempt(simpler)
+        except _Abort:  # the worker died on it: keep the counterexample that was found
+            return failure
+        return again if again is not None else failure
 
     fatal = None
     try:
-        prop()
+        with warnings.catch_warnings():
+            # Hypothesis warns its own users (e.g. "Generating overly large repr" of exercise 5's
+            # strategy, whose arguments hold the model's weights); the grader's settings are fixed
+            # and tested, and neither a student nor a TA can act on such a line.
+            warnings.simplefilter("ignore", HypothesisWarning)
+            prop()
         score, feedback = c.points, ""
     except _Failed as failure:
-        score, feedback = 0.0, _feedback(number, check, failure, c.ulps, context)
+        score, feedback = 0.0, _feedback(number, check, simplest(failure), c.ulps, context, failures)
     except _Abort as abort:
         score = 0.0
         if failures and not abort.fatal:
-            feedback = _feedback(number, check, failures[-1], c.ulps, context)
+            feedback = _feedback(number, check, simplest(failures[-1]), c.ulps, context, failures)
         elif check.hidden:
             feedback, fatal = _hidden_feedback(number, abort.kind), abort.message
         else:
@@ -349,7 +384,8 @@ def _hidden_feedback(number: int, kind: str) -> str:
             f"The visible checks of exercise {number} show the details on inputs you can see.")
 
 
-def _feedback(number: int, check: Check, failure: _Failed, ulps: float, context: dict) -> str:
+def _feedback(number: int, check: Check, failure: _Failed, ulps: float, context: dict,
+              failures: Sequence[_Failed] = ()) -> str:
     if check.hidden:
         return _hidden_feedback(number, failure.kind)
     problems = failure.problems
@@ -360,7 +396,8 @@ def _feedback(number: int, check: Check, failure: _Failed, ulps: float, context:
         if number == 5:
             hint = update.hint(failure.case, failure.submitted, context["model"], check.compare, ulps)
         else:
-            hint = MODULES[number].hint(failure.case, failure.submitted, failure.reference, ulps)
+            evidence = [(f.case, f.submitted, f.reference) for f in (*failures, failure) if f.kind == "mismatch"]
+            hint = MODULES[number].hint(evidence, ulps)
         if hint:
             lines.append(f"Hint: {hint}.")
     if number == 5:

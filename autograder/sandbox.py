@@ -10,16 +10,23 @@ the submission.
 
 Strategies, strongest first (``detect_strategy`` picks one; results.json records it):
 
-namespaces  root and ``unshare`` works (a VM, a TA's machine as root). The server runs in new
-            mount, PID and network namespaces with the filesystem read-only, everything in the
-            project tree but the Python environment covered by empty mounts, a private tmpfs
-            as the only writable place, and every capability dropped. It is the namespace's
-            init, so no worker can kill it, and ending it ends every process a worker started.
+namespaces  root and ``unshare`` works (a VM, a TA's machine as root). Deny by default: the
+            server runs in new mount, PID and network namespaces, chrooted into a root the
+            sandbox builds (``_new_root_steps``): the Python environment and the system's
+            libraries read-only, the stage read-only, a private /tmp, /dev/null, its own /proc;
+            nothing else of the host, so a copy of the answer key anywhere else (an unzipped
+            release in /tmp, a clone in a home folder) does not exist for a worker. The server
+            keeps only the capabilities it needs (SERVER_CAPS); each worker becomes an
+            unprivileged uid (the sandbox user, else nobody) before it reads the submission.
+            The server is the namespace's init, so no worker can kill it, and ending it ends
+            every process a worker started.
 user        root without namespaces (Gradescope's Docker has no CAP_SYS_ADMIN). The server stays
             root; each worker becomes the unprivileged sandbox user (setup.sh creates it) with
             RLIMIT_NPROC set, and the project tree must be unreadable to that user (setup.sh
             makes it root-only; the grader checks). After every worker, every process of that
-            user is killed, so a double-forked daemon cannot outlive it.
+            user is killed, so a double-forked daemon cannot outlive it. File modes are all it
+            has: a world-readable copy of the answer key elsewhere would be readable (the staff
+            log says so on every grading; Gradescope's image holds none).
 process     not root. Workers run as your own user: they could read your files and signal the
             grader. Use it to check your own code, never to grade untrusted submissions.
 
@@ -149,6 +156,64 @@ def _copy_public(src: Path, dst: Path) -> None:
             os.chmod(os.path.join(folder, name), 0o644)
 
 
+# What the namespaces strategy's server keeps of root's powers: to become the workers' uid
+# (setuid, setgid), to end their processes (kill) and to delete whatever they left in the
+# scratch folder, whatever modes they gave it (dac_override, fowner). Workers keep none: a
+# change of uid from 0 clears every capability.
+SERVER_CAPS = ("setuid", "setgid", "kill", "dac_override", "fowner")
+
+
+def worker_account(sandbox_user: str) -> tuple[int, int]:
+    """(uid, gid) the namespaces strategy's workers run as: the sandbox user if this machine has
+    one, else nobody. Never root: root may read every root-owned file the new root still holds."""
+    for name in (sandbox_user, "nobody"):
+        try:
+            account = pwd.getpwnam(name)
+            return account.pw_uid, account.pw_gid
+        except KeyError:
+            continue
+    return 65534, 65534
+
+
+def environment_paths() -> list[Path]:
+    """What the worker's interpreter needs, outermost only: the system's programs and libraries
+    (/usr; /lib, /bin... are links into it on a merged-/usr system, else folders) and the Python
+    environment (the venv, its base interpreter: under /root for pyenv, /usr/local for Docker)."""
+    wanted = {Path(p) for p in ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin")}
+    wanted |= {Path(p).resolve() for p in {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}}
+    return _outermost({p for p in wanted if p.exists() or p.is_symlink()})
+
+
+def _new_root_steps(root: Path, stage: Path) -> list[str]:
+    """Shell steps that build the worker's root in ``root`` (run inside the new mount namespace).
+
+    It holds: the environment (``environment_paths``) read-only; a private tmpfs /tmp; /dev/null,
+    /dev/zero and /dev/urandom (torch and the libraries it loads open them); a /proc of the new
+    PID namespace; an /etc with only the dynamic loader's cache; the stage read-only with its scratch tmpfs, the one writable place the
+    workers are pointed at. Nothing else of the host exists there."""
+    q = lambda p: shlex.quote(str(p))  # noqa: E731
+    r = lambda p: q(root / Path(p).relative_to("/"))  # noqa: E731  (a host path's place in the new root)
+    steps = ["umask 022", f"mount -t tmpfs -o size=16m,mode=755 tmpfs {q(root)}",
+             f"mkdir -p {r('/tmp')}", f"mount -t tmpfs -o size=64m,mode=1777 tmpfs {r('/tmp')}"]
+    for path in environment_paths():
+        if path.is_symlink() and str(path) in ("/lib", "/lib64", "/lib32", "/bin", "/sbin"):
+            steps.append(f"ln -s {q(os.readlink(path))} {r(path)}")  # merged /usr: usr/bin, usr/lib...
+        else:
+            steps += [f"mkdir -p {r(path)}", f"mount --bind {q(path)} {r(path)}",
+                      f"mount -o remount,bind,ro {r(path)}"]
+    steps.append(f"mkdir -p {r('/dev')} {r('/proc')} {r('/etc')}")
+    for device in ("null", "zero", "urandom"):
+        steps += [f"touch {r('/dev/' + device)}", f"mount --bind /dev/{device} {r('/dev/' + device)}"]
+    steps.append(f"mount -t proc proc {r('/proc')}")
+    if Path("/etc/ld.so.cache").exists():
+        steps += [f"touch {r('/etc/ld.so.cache')}", f"mount --bind /etc/ld.so.cache {r('/etc/ld.so.cache')}",
+                  f"mount -o remount,bind,ro {r('/etc/ld.so.cache')}"]
+    steps += [f"mkdir -p {r(stage)}", f"mount --bind {q(stage)} {r(stage)}", f"mount -o remount,bind,ro {r(stage)}",
+              f"mount -t tmpfs -o size=512m,mode=1777 tmpfs {r(stage / 'scratch')}",
+              f"mount -o remount,ro {q(root)}"]  # the root's own folders: nothing to write there
+    return steps
+
+
 class Sandbox:
     """A fork server and its stage; ``add`` stages a submission, ``spawn`` starts a fresh worker.
 
@@ -170,6 +235,8 @@ class Sandbox:
             account = pwd.getpwnam(sandbox_user)
             self.uid, self.gid = account.pw_uid, account.pw_gid
             os.chown(scratch, self.uid, self.gid)
+        elif strategy == "namespaces":  # scratch is a tmpfs of mode 1777 there
+            self.uid, self.gid = worker_account(sandbox_user)
         self._owed = 0  # control replies not yet read (a preload runs while the grader works)
         self._hello = self._preloaded = False
         self._submissions = 0
@@ -214,18 +281,21 @@ class Sandbox:
             self._hello = True
 
     def _namespace_command(self, python: list[str], hide: list[Path]) -> list[str]:
-        # Every mount read-only, not only / (/dev/shm or the cgroup files would stay writable, and
-        # shared with the host); the private scratch tmpfs is the only writable place (HOME, TMPDIR).
-        steps = ["set -e", "mount --make-rprivate /",
-                 "findmnt -rno TARGET | while read -r m; do mount -o remount,bind,ro \"$m\" 2>/dev/null || true; done"]
-        for path in hide:
-            if path.is_dir():
-                steps.append(f"mount -t tmpfs -o size=4k,mode=000 tmpfs {shlex.quote(str(path))}")
-            else:
-                steps.append(f"mount --bind /dev/null {shlex.quote(str(path))}")
-        steps.append(f"mount -t tmpfs -o size=512m,mode=1777 tmpfs {shlex.quote(str(self.stage / 'scratch'))}")
-        steps.append("exec setpriv --bounding-set=-all --inh-caps=-all --no-new-privs -- "
-                     + " ".join(shlex.quote(p) for p in python))
+        """The server's command line: new mount, PID and network namespaces in which a shell
+        builds the worker's root (``_new_root_steps``), chroots into it and starts the server.
+
+        Deny by default: the root holds only what a worker needs, so a copy of the answer key
+        anywhere else (an unzipped release in /tmp, a second clone in a home folder) is not in
+        it. ``hide`` is not needed here: the project tree is simply not mounted."""
+        del hide  # the user strategy's list; nothing outside the new root is visible anyway
+        root = self.stage / "root"
+        root.mkdir(mode=0o755)
+        caps = "-all," + ",".join(f"+{c}" for c in SERVER_CAPS)
+        server = ("exec setpriv --bounding-set=" + caps + " --inh-caps=-all --no-new-privs -- "
+                  + " ".join(shlex.quote(p) for p in python))
+        steps = ["set -e", "mount --make-rprivate /", *_new_root_steps(root, self.stage),
+                 f"exec chroot {shlex.quote(str(root))} /bin/sh -c "
+                 + shlex.quote(f"cd {shlex.quote(str(self.stage))} && {server}")]
         return ["unshare", "--mount", "--pid", "--net", "--fork", "--mount-proc", "--kill-child",
                 "sh", "-c", "; ".join(steps)]
 
@@ -352,7 +422,7 @@ class Worker:
         if meanwhile is not None:
             meanwhile()
         while True:
-            reply, reply_tensors = self._receive(deadline - time.monotonic(), "the call")
+            reply, reply_tensors = self._receive(deadline - time.monotonic(), "the call", timeout_s)
             if reply.get("op") != "oracle":
                 return reply, reply_tensors
             if oracle is None:
@@ -360,11 +430,14 @@ class Worker:
             answer, answer_tensors = oracle(reply, reply_tensors)
             protocol.send(self.fd, answer, answer_tensors)
 
-    def _receive(self, timeout_s: float, what: str) -> tuple[dict, dict]:
+    def _receive(self, timeout_s: float, what: str, limit_s: float | None = None) -> tuple[dict, dict]:
+        """The next frame within ``timeout_s`` (what is left of the limit ``limit_s``, for the message)."""
         ready, _, _ = select.select([self.fd], [], [], max(timeout_s, 0.0))
         if not ready:
             self.kill()
-            raise WorkerTimeout(f"{what} took longer than its time limit")
+            limit = timeout_s if limit_s is None else limit_s
+            raise WorkerTimeout(f"{what} took longer than its time limit of {limit:g} s: look for a loop that never "
+                                "ends, or one over every element where a tensor operation would do")
         try:
             return protocol.receive(self.fd)
         except (EOFError, protocol.ProtocolError, OSError) as err:

@@ -52,6 +52,11 @@ def read(path: Path, folder: Path | None = None) -> str:
     if len(data) > MAX_BYTES:
         raise Refused(f"{path.name} is larger than {MAX_BYTES // 1024} KiB: submit only exercises.py")
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise Refused(f"{path.name} is not UTF-8 text: submit the Python file itself") from None
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise Refused(f"{path.name} is not UTF-8 text (byte {err.start} cannot be read): save it as UTF-8 in your "
+                      "editor (e.g. 'Save with Encoding' > UTF-8) and submit it again") from None
+    if not text.strip():
+        raise Refused(f"the file is empty: {path.name} holds no code; save your work in it (the five functions) "
+                      "and submit it again")
+    return text

@@ -30,11 +30,17 @@ five blanks of `assignment/exercises.py`. `assignment/helpers.py` and `assignmen
 are given; `assignment/trainer/` is the trainer your functions plug into.
 
 ```bash
-python3 -m venv .venv && .venv/bin/pip install -e .          # CPU only? install torch from
-                                                              # https://download.pytorch.org/whl/cpu first
+python3 -m venv .venv
+# torch's CPU wheel (no CUDA libraries): what the CPU demo and the public tests need
+.venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
+.venv/bin/pip install -e .                                    # the rest of the CPU install
 .venv/bin/python -m pytest tests/public                       # the property checks, on your file
+.venv/bin/python -m pytest tests/public -m ex3                # one exercise's (ex1 ... ex5)
 .venv/bin/ppo-train --config configs/cpu_synthetic.yaml       # watch your trainer learn, on CPU
 ```
+
+For GPU runs on GSM8K (datasets, GGUF models, TensorBoard, plots), install the `train` extra
+instead, with torch for your CUDA: `.venv/bin/pip install -e '.[train]'`.
 
 Submit `assignment/exercises.py` on Gradescope.
 """
@@ -79,7 +85,10 @@ def _student_pyproject() -> str:
     tests need, and ppo-train; nothing of the grader or the staff tooling."""
     staff = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = staff["project"]
-    dependencies = project["dependencies"] + project["optional-dependencies"]["train"]
+    extras = project["optional-dependencies"]
+    # The install is what the CPU demo and the public tests need; GPU runs add the `train` extra.
+    dependencies = project["dependencies"] + extras["cpu"]
+    train = [d for d in extras["train"] if not d.startswith(project["name"])]
     from autograder import __version__
 
     return "\n".join([
@@ -88,9 +97,12 @@ def _student_pyproject() -> str:
         'description = "The PPO-for-language-models assignment: five exercises and the trainer they plug into."',
         'readme = "README.md"', f'requires-python = "{project["requires-python"]}"',
         "dependencies = [", *[f"    {json.dumps(d)}," for d in dependencies], "]", "",
+        "[project.optional-dependencies]", "train = [", *[f"    {json.dumps(d)}," for d in train], "]", "",
         "[project.scripts]", f'ppo-train = "{project["scripts"]["ppo-train"]}"', "",
         "[tool.setuptools.packages.find]", 'include = ["assignment*"]', "",
-        "[tool.pytest.ini_options]", 'testpaths = ["tests"]', 'addopts = "-ra"', ""])
+        "[tool.pytest.ini_options]", 'testpaths = ["tests"]', 'addopts = "-ra"',
+        "markers = [", *[f'    "ex{n}: the public tests of exercise {n} (pytest tests/public -m ex{n})",' for n in range(1, 6)],
+        "]", ""])
 
 
 def build_student_release(out: Path) -> Path:

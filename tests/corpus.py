@@ -208,6 +208,13 @@ _POLICY_MUTANTS = [
         hint="ratio",
     ),
     Variant(
+        "policy_ratio_by_division", 1,
+        "Computes ratio = exp(new) / exp(old), the division hint 1.1 forbids: below a log-prob of about -104 "
+        "both exps are 0 in float32, so padding junk of -300 gives 0 / 0 = NaN and a NaN gradient there.",
+        (_sub("\n    ratio = torch.exp(log_ratio)\n", "\n    ratio = torch.exp(logprobs_new) / torch.exp(logprobs_old)\n"),),
+        hint="0 / 0",
+    ),
+    Variant(
         "policy_unmasked_mean", 1,
         "Averages the per-token loss with a plain .mean() over all B*T positions, padding included.",
         (_sub(E1_LOSS, "\n    loss = torch.maximum(unclipped, clipped).mean()\n"),),
@@ -374,6 +381,12 @@ _GAE_MUTANTS = [
         "Runs the recursion forwards (t = 0..T-1), so A_t is built from A_{t-1} instead of A_{t+1}.",
         (_sub(E4_LOOP, "\n        for t in range(T):\n"),),
         hint="reverse",
+    ),
+    Variant(
+        "gae_loop_skips_last", 4,
+        "Loops over reversed(range(T - 1)), so the last position T - 1 is never computed and A_{T-1} stays 0.",
+        (_sub(E4_LOOP, "\n        for t in reversed(range(T - 1)):\n"),),
+        hint="T - 1",
     ),
     Variant(
         "gae_no_next_mask", 4,

@@ -149,6 +149,13 @@ def _ex1_cases():
         adv = torch.randn(B, T, generator=g).to(adv_dtype)
         cases.append(dict(logprobs_new=_junk(new, m, junk), logprobs_old=_junk(old, m, -junk),
                           advantages=_junk(adv, m, junk), response_mask=m, clip_ratio=0.2))
+    # Real log-probs near -110, which a long response's rare tokens reach: exp of them is 0 in
+    # float32 (below -103.3), so only exp(new - old) keeps the ratio, never exp(new) / exp(old).
+    m = _mask([5, 2, 0], 6, torch.bool)
+    new = -110.0 - 3.0 * torch.rand(3, 6, generator=g)
+    old = new + 0.4 * torch.randn(3, 6, generator=g)
+    cases.append(dict(logprobs_new=_junk(new, m, -300.0), logprobs_old=_junk(old, m, -300.0),
+                      advantages=_junk(torch.randn(3, 6, generator=g), m, 50.0), response_mask=m, clip_ratio=0.2))
     return cases
 
 
@@ -196,6 +203,11 @@ def _ex4_cases():
                           kl_penalties=_junk(0.1 * torch.randn(B, T, generator=g), m, junk),
                           values=_junk(torch.randn(B, T, generator=g), m, junk),
                           response_mask=m, gamma=gamma, lam=lam))
+    # A row as long as the batch (no padding after it): its last token sits at T - 1, the one
+    # position a loop over reversed(range(T - 1)) never computes.
+    m = _mask([5, 3, 0], 5, torch.bool)
+    cases.append(dict(final_rewards=2.0 * torch.randn(3, generator=g), kl_penalties=_junk(0.1 * torch.randn(3, 5, generator=g), m, 3.0),
+                      values=_junk(torch.randn(3, 5, generator=g), m, 3.0), response_mask=m, gamma=0.9, lam=0.8))
     return cases
 
 

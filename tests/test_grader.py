@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -97,6 +98,22 @@ def test_mutant_loses_points_with_feedback(variant, sandbox):
     assert result.score < MAX_SCORES[variant.exercise], f"{variant.name} was not caught"
     visible = [c for c in result.checks if not c.passed and c.visibility == "visible"]
     assert visible and all(c.feedback for c in visible)
+    # Hints that are true: every hint a mutant gets names its own mistake (its keyword), never
+    # another; the grader recognises those of HINTED at least; a mutant with no keyword gets none.
+    hints = {line for c in result.checks for line in c.feedback.splitlines() if line.startswith("Hint: ")}
+    if variant.hint:
+        assert all(variant.hint in h for h in hints), (variant.name, variant.hint, hints)
+        assert hints or variant.name not in HINTED, (variant.name, "lost its hint")
+    else:
+        assert not hints, (variant.name, hints)
+
+
+# Mutants whose mistake the grader names (issue 15 added the division, the returns clip, the loop
+# that skips T - 1, whitening over padding and bfloat16 arithmetic), kept here so that none loses it.
+HINTED = {"policy_sign_flipped", "policy_min_instead_of_max", "policy_ratio_by_division", "policy_unmasked_mean",
+          "value_missing_half", "value_clips_returns", "value_clip_absolute", "value_min_instead_of_max",
+          "entropy_naive_log_softmax", "entropy_no_upcast", "gae_reward_at_last_position", "gae_loop_skips_last",
+          "gae_whiten_all_positions", "gae_whiten_biased_variance", "gae_no_whitening", "gae_kl_sign_flipped"}
 
 
 def test_exercise_5_is_immune_to_mutants_of_1_to_4(sandbox):
@@ -150,8 +167,14 @@ def test_feedback_names_check_counterexample_error_and_hint(sandbox):
 
 
 def test_exercise_5_feedback_gives_a_snippet_that_reruns_the_case(sandbox, tmp_path):
+    import warnings
+
     text = corpus.render(corpus.by_name("update_no_temperature"))
-    result = grade(text, QUICK, CONFIG, exercises={5}, sandbox=sandbox)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        result = grade(text, QUICK, CONFIG, exercises={5}, sandbox=sandbox)
+    # Hypothesis's warnings are for its users (e.g. "Generating overly large repr"): none reaches a TA
+    assert not [w for w in seen if "hypothesis" in type(w.message).__module__], [str(w.message) for w in seen]
     check = next(c for c in result.checks if c.check == "metrics")
     assert "Hint: divide the sliced logits by cfg.temperature" in check.feedback
     snippet = check.feedback.split("To rerun this case yourself")[1].split(":\n", 1)[1]
@@ -269,11 +292,17 @@ def test_attack_is_withstood_in_bounded_time(variant, sandbox):
     feedback = "\n".join(c.feedback for c in result.checks)
     if name in ("attack_sys_exit_import", "attack_copy_reference_import"):
         assert result.score == 0, scores  # no import, or the blank bodies it could not fill
+    elif name == "attack_kill_parent_import":
+        # The worker runs as an unprivileged uid (namespaces and user strategies alike), so its
+        # SIGKILL to the server (root) fails with EPERM at import: the grader goes on and says so.
+        assert result.score == 0 and "could not be imported: raised PermissionError" in feedback, feedback[:500]
     elif variant.exercise == 0:
         # kill-parent, forks, fake results, spam, a daemon: the grader survives; the code is the solution
         assert result.score == 100, scores
     elif name not in ("attack_memory_hog_gae",):  # the hog may legitimately recover after its allocation fails
         assert scores[variant.exercise] == 0, (name, scores)
+    if name == "attack_infinite_loop_entropy":  # the message names the limit (QUICK: 4 s per call)
+        assert f"time limit of {QUICK.worker.call_timeout_s:g} s" in feedback, feedback
     if name == "attack_daemon_import":
         assert not _sleepers(), "a daemon outlived its grading"
     if name == "attack_network_policy":
@@ -298,6 +327,11 @@ def test_results_json_validates_and_fake_results_are_overwritten(tmp_path):
     results = tmp_path / "results.json"
     proc = run_cli(sub, "--results", results, "--exercise", "3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    # staff notes (the hidden seed) go to stderr, labelled, never into what the student reads
+    assert "seed" not in proc.stdout, proc.stdout
+    if not os.environ.get(FULL.seeds.hidden_env):
+        assert "ppo-grade: note for course staff (students can ignore it): hidden checks used the public seed" \
+            in proc.stderr, proc.stderr
     data = json.loads(results.read_text())
     jsonschema.validate(data, GRADESCOPE_SCHEMA)
     assert data["extra_data"]["grader_version"] and len(data["tests"]) == len(CHECKS[3])
@@ -450,3 +484,85 @@ def test_hidden_paths_are_the_outermost_ones():
     hidden = secret_paths([nested])
     assert PROJECT_ROOT / "configs" in hidden and nested not in hidden
     assert not any(a != b and a in b.parents for a in hidden for b in hidden)
+
+
+# ---- deny by default: a key copy outside the project ---------------------------------------------------
+
+def key_copy_probe(planted: list[Path]) -> str:
+    """A submission that looks for the answer key outside the project: the planted copies by their
+    paths, then any .py under / holding the solution marker (for at most 8 s: it runs at each worker's import), and raises what it
+    found into the visible feedback of every exercise-1 check."""
+    return f'''
+import os, time
+MARK = "### BEGIN " + "SOLUTION"  # not spelled out here, or this file would match itself
+found = []
+def look(path):
+    try:
+        text = open(path, encoding="utf-8", errors="replace").read(400000)
+    except OSError as err:
+        return type(err).__name__
+    if MARK in text:
+        found.append(path + ": " + text.split(MARK, 1)[1][:300])
+    return "read"
+tried = [p + " " + look(p) for p in {[str(p) for p in planted]!r}]
+started = time.monotonic()
+for folder, dirs, files in os.walk("/"):
+    if folder == "/" :
+        dirs[:] = [d for d in dirs if d not in ("proc", "sys")]
+    if time.monotonic() - started > 8:
+        break
+    for name in files:
+        if name.endswith(".py"):
+            look(os.path.join(folder, name))
+def compute_policy_loss(*args, **kwargs):
+    raise RuntimeError("PROBE RAN; tried " + " | ".join(tried) + "; found " + " | ".join(found))
+'''
+
+
+@pytest.fixture
+def planted_keys():
+    """Two copies of the answer key with a token no submission can guess: one in the host's /tmp
+    (a TA unzipped the release there), one in the home folder (a second clone)."""
+    import shutil
+    import tempfile
+    import uuid
+
+    token = f"KEY_COPY_TOKEN_{uuid.uuid4().hex}"
+    key = (ROOT / "solutions" / "exercises.py").read_text().replace(
+        "### BEGIN SOLUTION", f"### BEGIN SOLUTION\n    # {token}")
+    folders = [Path(tempfile.mkdtemp(dir="/tmp", prefix="unzipped-release-")),
+               Path(tempfile.mkdtemp(dir=Path.home(), prefix=".ppo-second-clone-"))]
+    paths = []
+    for folder in folders:
+        folder.chmod(0o755)  # as unzip leaves it: readable by all; root-owned
+        (folder / "solutions").mkdir(mode=0o755)
+        paths.append(folder / "solutions" / "exercises.py")
+        paths[-1].write_text(key)
+        paths[-1].chmod(0o644)
+    yield token, paths
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="the namespaces strategy needs root")
+def test_no_submission_reads_a_key_copy_outside_the_project(planted_keys, tmp_path):
+    """Single grading and class grading (ppo-grade on a folder), under the namespaces strategy."""
+    token, paths = planted_keys
+    probe = key_copy_probe(paths)
+    single = grade(probe, QUICK, CONFIG, exercises={1})
+    assert single.extra["sandbox"] == "namespaces"
+    feedback = "\n".join(c.feedback for c in single.checks)
+    assert "PROBE RAN" in feedback, feedback  # the probe did run and report
+    assert token not in feedback and "BEGIN SOLUTION" not in feedback, feedback
+    assert all(f"{p} FileNotFoundError" in feedback for p in paths), feedback
+
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs.mkdir()
+    (subs / "probe.py").write_text(probe)
+    quick = tmp_path / "grading.yaml"
+    quick.write_text(CONFIG.read_text())
+    proc = run_cli(subs, "--out", out, "--exercise", 1, "--jobs", 1, "--config", quick)
+    assert proc.returncode == 0, proc.stderr
+    feedback = "\n".join(t["output"] for t in json.loads((out / "results" / "probe.json").read_text())["tests"])
+    assert "PROBE RAN" in feedback and token not in feedback and "BEGIN SOLUTION" not in feedback, feedback

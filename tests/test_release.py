@@ -89,3 +89,22 @@ def test_gradescope_zip_has_executable_entry_points_and_the_grader(tmp_path):
         assert {"setup.sh", "run_autograder", "grading.yaml", "solutions/exercises.py", "autograder/grade.py"} <= names
         assert (zf.getinfo("run_autograder").external_attr >> 16) & 0o111
         assert not any("__pycache__" in n for n in names)
+
+
+def test_the_cpu_demo_needs_nothing_beyond_the_cpu_extra(tmp_path):
+    """The release installs torch's CPU wheel and the `cpu` extra; the `train` extra's own packages
+    (datasets, gguf, accelerate, matplotlib, tensorboard) are for GPU runs. The demo, its config as
+    shipped, must run with every one of them unimportable, and say what it leaves out."""
+    import tomllib
+
+    extras = tomllib.loads((release.ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    train_only = sorted(re.split(r"[<>=\[]", d)[0] for d in extras["train"] if not d.startswith("ppo-llm-course"))
+    assert train_only == ["accelerate", "datasets", "gguf", "matplotlib", "tensorboard"], train_only
+    code = (f"import sys\nfor m in {train_only!r}: sys.modules[m] = None  # import m raises ImportError\n"
+            "from assignment.trainer.cli import main\n"
+            f"sys.exit(main(['--config', 'configs/cpu_synthetic.yaml', '--impl', 'solutions/exercises.py', "
+            f"'train.steps=2', 'eval.size=8', 'train.progress=false', 'train.output_dir={tmp_path / 'run'}']))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=release.ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "no TensorBoard logs" in proc.stderr and "no reward curve" in proc.stdout + proc.stderr
+    assert (tmp_path / "run" / "metrics.jsonl").exists()

@@ -638,3 +638,34 @@ def test_the_rollout_benchmark_runs_every_variant_on_cpu(tmp_path):
                        "rollout.batch_size=8", "ppo.minibatch_size=4", "train.cpu_threads=1"]) == 0
     text = out.read_text()
     assert all(f"| {name} |" in text for name in bench.VARIANTS) and "## One PPO update" in text
+
+
+# --- the CPU demo shows exercise-5 bugs ---------------------------------------------------------
+
+DEMO = Path(__file__).resolve().parent.parent / "configs" / "cpu_synthetic.yaml"
+
+
+def demo_output(tmp_path, impl, capsys, steps=3) -> str:
+    """What the CPU demo prints in its first ``steps`` steps with ``impl``'s exercises."""
+    capsys.readouterr()
+    cfg = load_config(DEMO, [f"train.steps={steps}", "eval.every=0", "train.progress=false",
+                             f"train.output_dir={tmp_path / 'run'}"])
+    assert cfg.rollout.temperature != 1.0 and cfg.ppo.grad_accum_steps > 1  # what makes the bugs show
+    train(cfg, impl)
+    return capsys.readouterr().out
+
+
+def test_the_demo_warns_of_a_forgotten_temperature_and_a_wrong_slice(tmp_path, capsys):
+    """The demo's temperature is not 1, so an update that forgets it computes other log-probs than the
+    rollout; a slice one position late too. Each shows in the printed output at the first step, with
+    the likely causes; the solution prints no warning."""
+    import corpus
+
+    assert "WARNING" not in demo_output(tmp_path / "solution", SOLUTION, capsys)
+    slice_file = tmp_path / "slice.py"
+    slice_file.write_text(corpus.render(corpus.by_name("update_slice_off_by_one")))
+    for name, impl in (("temperature", WrongTemperature), ("slice", load_impl(str(slice_file)))):
+        out = demo_output(tmp_path / name, impl, capsys)
+        warnings = [line for line in out.splitlines() if "WARNING: stats/approx_kl_first" in line]
+        assert len(warnings) == 1 and warnings[0].startswith("[step 1]"), (name, out)
+        assert all(cause in warnings[0] for cause in ("slice", "temperature", "dropout")), warnings[0]

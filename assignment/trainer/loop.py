@@ -49,7 +49,7 @@ from assignment.trainer.data import Curriculum, Problem, load_problems, training
 from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.impl import ImplError
 from assignment.trainer.loading import DTYPES, build_models, load_tokenizer
-from assignment.trainer.ppo import (KLController, early_stop_bound, guard_advantages, kl_penalties, ppo_update,
+from assignment.trainer.ppo import (FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance, guard_advantages, kl_penalties, ppo_update,
                                    sequence_kl)
 from assignment.trainer.reward import Score, score
 from assignment.trainer.rollout import Rollout, Sample, collect, generation_copy, refresh_copy, render_prompts
@@ -176,6 +176,7 @@ class Run:
     deadline: Deadline
     saved_step: int | None = None  # the step of the checkpoint on disk (None: none yet)
     sampler: PreTrainedModel | None = None  # rollout.generation_dtype's copy of policy.lm (None: policy.lm samples)
+    first_kl_warned: bool = False  # the approx_kl_first warning is printed once per invocation
 
 
 def open_run_dir(cfg: Config, resume: bool) -> Path:
@@ -295,6 +296,7 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     if cfg.algorithm != "ppo":
         batch = grpo.update_batch(batch, rollout.ref_logprobs)
     update_metrics = update(run, cfg, impl, step, batch, skip)
+    warn_first_kl(run, step, update_metrics, rollout.logprobs[response_mask.bool()])
     metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **guard_metrics,
                **update_metrics, "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done,
                **peak_memory(run.device, "memory/")}
@@ -329,6 +331,20 @@ def update(run: Run, cfg: Config, impl: ModuleType, step: int, batch: dict[str, 
                    f"{minibatches_per_step(cfg)}: approx_kl {metrics['stats/early_stop_approx_kl']:.4f} > "
                    f"1.5 * ppo.target_kl = {early_stop_bound(cfg.ppo):.4f}")
     return metrics
+
+
+def warn_first_kl(run: Run, step: int, metrics: dict[str, float], logprobs: torch.Tensor) -> None:
+    """Print a warning, once, on the first step whose first minibatch's approx_kl is not 0 within
+    float rounding (ppo.first_kl_tolerance): there the ratio must be exactly 1, and a step mean
+    cannot show it. ``logprobs`` (N,): the rollout's log-probs on real tokens."""
+    first_kl = metrics.get("stats/approx_kl_first")
+    if run.first_kl_warned or first_kl is None or logprobs.numel() == 0:
+        return
+    tolerance = first_kl_tolerance(run.policy, float(logprobs.abs().max()))
+    if not abs(first_kl) <= tolerance:  # NaN warns too
+        run.first_kl_warned = True
+        tqdm.write(f"[step {step}] WARNING: stats/approx_kl_first = {first_kl:.3g}, not 0 within float rounding "
+                   f"(|approx_kl_first| <= {tolerance:.1e}): {FIRST_KL_CAUSES}")
 
 
 def score_responses(texts: list[str], problems: list[Problem], responses: Sample, cfg: RewardConfig) -> list[Score]:

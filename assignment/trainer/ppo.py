@@ -15,6 +15,7 @@ approx_kl > 1.5 * target_kl).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from types import ModuleType
@@ -35,6 +36,42 @@ TARGET_KL_FACTOR = 1.5
 # like logprobs_old (wrong slice, temperature, dropout). The step means cannot show this.
 FIRST_MINIBATCH_KEYS = {"stats/approx_kl": "stats/approx_kl_first",
                         "stats/policy_clipfrac": "stats/policy_clipfrac_first"}
+
+
+def first_kl_tolerance(policy: torch.nn.Module, max_abs_logprob: float) -> float:
+    """How far from 0 the first minibatch's approx_kl may be from floating-point rounding alone.
+
+    The rollout and the update compute log p = logit / temperature - logsumexp(...) with the same
+    weights on the same tokens, but in batches of other shapes, so sums may run in another order.
+    A sum of n terms in a dtype of unit roundoff u is off by at most n * u of the sum of their
+    magnitudes (Higham, Accuracy and Stability of Numerical Algorithms, sec. 3.1). A log-prob
+    passes through one such sum per weight matrix (each matmul), two more per layer (attention's
+    scores and its weighted sum) and the log-sum-exp: ``chain`` sums, each of at most ``n`` terms
+    (the largest dimension of any weight), each adding at most n * u relative error, on values of
+    magnitude at most ``max_abs_logprob`` (the rollout's largest |log p|, at least 1). approx_kl
+    is a token mean of such per-token differences, so it has the same bound:
+        tolerance = chain * n * u * max(|log p|, 1)
+    The CPU demo's model (hidden 128, MLP 256, 2 layers, 17 weight matrices, |log p| <= 4.2):
+    (17 + 2 * 2 + 1) * 256 * 2^-24 * 4.2 = 1.4e-3, where correct code measures exactly 0; in the
+    demo (temperature 0.8) a forgotten temperature gave 3.0e-3 at step 1 and up to 6.6e-2 by
+    step 5, a slice one position late 3.6e-2 at step 1. A worst-case bound: on large models in
+    bfloat16 it exceeds any real difference, so the check is silent there rather than wrong.
+    """
+    matrices = [p for p in policy.parameters() if p.dim() == 2]
+    if not matrices:
+        return math.inf
+    config = getattr(getattr(policy, "lm", None), "config", None)
+    layers = getattr(config.get_text_config(), "num_hidden_layers", 0) if config is not None else 0
+    chain = len(matrices) + 2 * layers + 1
+    n = max(max(p.shape) for p in matrices)
+    u = torch.finfo(matrices[0].dtype).eps / 2
+    return chain * n * u * max(max_abs_logprob, 1.0)
+
+
+FIRST_KL_CAUSES = ("logprobs_new is not computed the way the rollout computed logprobs_old. Likely causes: "
+                   "the response slice (positions P-1 ... P+T-2 of the logits and values), the temperature "
+                   "(divide the logits by cfg.temperature, as the rollout did), or dropout (the policy in "
+                   "train mode with dropout > 0)")
 
 
 @dataclass(frozen=True)

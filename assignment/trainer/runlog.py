@@ -13,6 +13,7 @@ steps a killed run logged after its last checkpoint are not counted twice.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -114,10 +115,14 @@ class RunLogger:
                 path.unlink()
         self.tb = None
         if cfg.train.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # purge_step drops events a killed run wrote after its last checkpoint.
-            self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1 if start_step else None)
+            try:  # the `train` extra installs it; the CPU demo runs without (metrics.jsonl has everything)
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                print("no TensorBoard logs: tensorboard is not installed (pip install -e '.[train]'); "
+                      "metrics.jsonl holds every metric", file=sys.stderr)
+            else:
+                # purge_step drops events a killed run wrote after its last checkpoint.
+                self.tb = SummaryWriter(str(out / "tb"), purge_step=start_step + 1 if start_step else None)
         self.wandb = None
         if cfg.train.wandb:
             import wandb  # optional dependency, imported only when asked for

@@ -63,31 +63,53 @@ def gradient(scales: Scales, param: str) -> Callable[..., list[str]]:
     return check
 
 
-def suggest(patterns, scales: Scales, case, sub: Called | None, ref: Called | None, ulps: float,
-            unambiguous: bool = False) -> str | None:
-    """A hint when the submission's outputs match a known mistake that, on this case, gives
-    something other than the reference. Hints never change a score.
-
-    With ``unambiguous`` (Part II's exercises), no hint at all when two mistakes with different
-    hints both match: on a small shrunk case they can give the same number, and the first one's
-    hint would then name a mistake the student may not have made."""
-    if sub is None or ref is None:
-        return None
-    if unambiguous:
-        matched = {m for m in _matching(patterns, scales, case, sub, ref, ulps)}
-        return matched.pop() if len(matched) == 1 else None
-    return next(_matching(patterns, scales, case, sub, ref, ulps), None)
+# A mistake fits a case when the submission is this many times closer to what the mistake gives
+# than to the reference. The grading bound cannot serve here: it is derived from the reference's
+# terms (the real tokens), while a mistake may round terms of its own (an unmasked mean sums
+# padding junk of |A| e^5 ~ 1.5e4): float32 rounding of any of them is ~1e-7 relative, while a
+# mistake that is not the student's misses by a real amount, so 2^10 separates the two by orders
+# of magnitude on either side. Hints never change a score.
+FIT_RATIO = 2.0 ** -10
 
 
-def _matching(patterns, scales: Scales, case, sub: Called, ref: Called, ulps: float):
-    """The messages of the patterns that ``sub`` matches on ``case`` (and the reference does not), in order."""
-    s, mask = scales(case, ref), case.mask
-    for name, wrong, message in patterns(case):
-        got, right = sub.outputs.get(name), ref.outputs.get(name)
-        if got is None:
+def suggest(patterns, scales: Scales, evidence: list, ulps: float) -> str | None:
+    """A hint when exactly one known mistake explains every failing case of the check.
+
+    ``evidence`` holds (case, submitted, reference) for each failing case Hypothesis met, the
+    first (large, random) one and the shrunk ones alike. On a case where a mistake gives the
+    reference's value (within the grading bound) the case says nothing about it; on every other
+    case, the submission must fit it (within the bound, or FIT_RATIO times closer to it than to
+    the reference). A mistake's message is the hint only if it fits every case that speaks about
+    it, at least one does, and no other message does the same: on a small shrunk case several
+    mistakes often give the same number (clipping the returns and taking the minimum both leave
+    the unclipped error), and naming one of them there would name a mistake the student may not
+    have made."""
+    fits: dict[str, bool] = {}
+    spoke: dict[str, bool] = {}
+    for case, sub, ref in evidence:
+        if sub is None or ref is None:
             continue
-        tol = bound(ulps, s[name]).expand_as(right.double())
-        if right.dim() == 2:
-            got, wrong, right, tol = got[mask], wrong[mask], right[mask], tol[mask]
-        if bool(within(got, wrong, tol).all()) and not bool(within(right, wrong, tol).all()):
-            yield message
+        s, mask = scales(case, ref), case.mask
+        here: dict[str, bool | None] = {}  # message -> fits (True/False), or None: this case is silent
+        for name, wrong, message in patterns(case):
+            got, right = sub.outputs.get(name), ref.outputs.get(name)
+            here.setdefault(message, None)
+            if got is None:
+                continue
+            tol = bound(ulps, s[name]).expand_as(right.double())
+            got, wrong, right = got.double(), wrong.double(), right.double()
+            if right.dim() == 2:
+                got, wrong, right, tol = got[mask], wrong[mask], right[mask], tol[mask]
+            if bool(within(right, wrong, tol).all()):
+                continue  # the mistake changes nothing here
+            fit = bool(within(got, wrong, tol).all()) or \
+                bool(((got - wrong).abs().max() <= FIT_RATIO * (got - right).abs().max()))
+            here[message] = bool(here[message]) or fit
+        for message, fit in here.items():
+            fits.setdefault(message, True)
+            spoke.setdefault(message, False)
+            if fit is not None:
+                fits[message] &= fit
+                spoke[message] = True
+    found = [m for m in fits if fits[m] and spoke[m]]
+    return found[0] if len(found) == 1 else None

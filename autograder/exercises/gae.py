@@ -64,7 +64,7 @@ def token_rewards(case: Case, reward_index: str = "last_real", kl_sign: float = 
 
 
 def raw_advantages(case: Case, reward_index="last_real", use_next_mask=True, gamma=None, lam=None,
-                   kl_sign=-1.0) -> torch.Tensor:
+                   kl_sign=-1.0, skip_last=False) -> torch.Tensor:
     """(B, T) float64 unwhitened GAE; the keyword arguments reproduce known mistakes."""
     mask = case.mask
     gamma = case.scalars["gamma"] if gamma is None else gamma
@@ -75,7 +75,7 @@ def raw_advantages(case: Case, reward_index="last_real", use_next_mask=True, gam
     B, T = mask.shape
     advantages = torch.zeros(B, T, dtype=torch.float64)
     next_value, next_mask, next_advantage = (torch.zeros(B, dtype=torch.float64) for _ in range(3))
-    for t in reversed(range(T)):
+    for t in reversed(range(T - 1 if skip_last else T)):  # skip_last: A_{T-1} stays 0
         keep = next_mask if use_next_mask else torch.ones_like(next_mask)
         next_advantage = rewards[:, t] + gamma * next_value * keep - values[:, t] + gamma * lam * keep * next_advantage
         advantages[:, t] = next_advantage
@@ -140,14 +140,23 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     values = case.tensors["values"].double()
     centred = raw - masked_mean(raw, mask)
     biased = centred / torch.sqrt(masked_mean(centred ** 2, mask) + 1e-8)
+    everywhere = torch.ones_like(mask)
+    # what the submission holds at padding is its own; the reference's raw advantages are 0 there
+    padded_too = torch.where(mask, raw, 0.0)
+    over_padding = "whiten over the real tokens only (masked_whiten(advantages, response_mask)): your mean and " \
+                   "variance count the padded positions too"
     out = [
         ("advantages", raw, "the advantages must be whitened over the real tokens of the batch (masked_whiten)"),
+        ("advantages", masked_whiten(padded_too, everywhere), over_padding),
+        ("advantages", (padded_too - padded_too.mean()) / (padded_too.std() + 1e-8), over_padding),
         ("advantages", biased, "whitening uses the variance with Bessel's correction (n - 1): use masked_whiten"),
         ("returns", masked_whiten(raw, mask) + values, "compute the returns from the unwhitened advantages: returns = A + values"),
     ]
     for variant, message in (
+        (dict(skip_last=True), "your loop never computes the last position t = T - 1 (A_{T-1} stays 0, and every "
+                               "error starts at that index): loop over reversed(range(T))"),
         (dict(reward_index="end"), "final_rewards goes at each row's last real token (index L_b - 1), not at T - 1"),
-        (dict(use_next_mask=False), "multiply V_{t+1} and A_{t+1} by m_{t+1}: values from padding leak into real tokens"),
+        (dict(use_next_mask=False), "multiply V_{t+1} and A_{t+1} by the next position's mask m_{t+1}: values from padding leak into real tokens"),
         (dict(gamma=case.scalars["lam"], lam=case.scalars["gamma"]), "gamma and lam are swapped"),
         (dict(kl_sign=1.0), "the token reward is -kl_penalties: the KL penalty lowers the reward"),
     ):
@@ -156,8 +165,9 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     return out
 
 
-def hint(case, sub, ref, ulps) -> str | None:
-    return common.suggest(patterns, scales, case, sub, ref, ulps)
+def hint(evidence, ulps) -> str | None:
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
+    return common.suggest(patterns, scales, evidence, ulps)
 
 
 _no_grad = common.no_gradient("advantages", "returns")

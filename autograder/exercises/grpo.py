@@ -147,10 +147,12 @@ SINGLETON = ("a group of one response gives NaN: torch.std of a single value div
              "gives such a response advantage 0 (its own reward is its baseline)")
 
 
-def hint(case, sub, ref, ulps) -> str | None:
-    if sub is not None and not torch.isfinite(sub.outputs["advantages"][case.mask]).all():
-        return SINGLETON
-    return common.suggest(patterns, scales, case, sub, ref, ulps, unambiguous=True)
+def hint(evidence, ulps) -> str | None:
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
+    for case, sub, _ in evidence:
+        if sub is not None and not torch.isfinite(sub.outputs["advantages"][case.mask]).all():
+            return SINGLETON
+    return common.suggest(patterns, scales, evidence, ulps)
 
 
 _no_grad = common.no_gradient("advantages")

@@ -93,8 +93,9 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     ]
 
 
-def hint(case, sub, ref, ulps) -> str | None:
-    return common.suggest(patterns, scales, case, sub, ref, ulps, unambiguous=True)
+def hint(evidence, ulps) -> str | None:
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
+    return common.suggest(patterns, scales, evidence, ulps)
 
 
 _values = all_of(common.outputs(scales, "kl"), _zero_padding)

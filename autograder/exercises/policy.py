@@ -47,10 +47,17 @@ def policy_case(draw, unit_ratio: bool = False) -> Case:
     # Advantages below 1e-30 become 0: in float32 their products with the ratio underflow, and the
     # strict > of clip_frac would then compare 0 with 0 where float64 compares two tiny numbers.
     adv = torch.where(adv.abs() < 1e-30, 0.0, adv).to(dtype)
+    # Padding holds the log-probs of pad tokens, as a trainer leaves them: down to -300 (exp of it
+    # is 0 in float32, so exp(new) / exp(old) gives 0 / 0 = NaN there), and nearly equal under both
+    # policies (a log-ratio of at most 5 at padding: exp(new - old) stays finite, as it does in
+    # training; a junk log-ratio above 88.7 would overflow exp in float32 and make even the
+    # solution's gradient 0 * inf = NaN, which no contract rule forbids).
+    pad_old = draw(st.floats(-300.0, 0.0))
+    pad_new = pad_old + draw(st.floats(-5.0, 5.0))
     return Case(
         tensors={
-            "logprobs_new": junk(draw, new, mask, -20.0, 5.0),
-            "logprobs_old": junk(draw, old, mask, -20.0, 5.0),
+            "logprobs_new": torch.where(mask, new, torch.full_like(new, pad_new)),
+            "logprobs_old": torch.where(mask, old, torch.full_like(old, pad_old)),
             "advantages": junk(draw, adv, mask, -100.0, 100.0),
             "response_mask": mask_as(draw, mask, dtype),
         },
@@ -101,18 +108,42 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
         ("loss", torch.maximum(un, cl).mean(), "the mean includes padded positions: use masked_mean(x, response_mask)"),
         ("loss", row_means, "you average per-row means; the token-mean divides the sum over all real tokens by their number"),
         ("loss", masked_mean(un, mask), "your loss ignores the clipped term"),
+        ("loss", masked_mean(torch.maximum(un, -adv * torch.exp((new - old).clamp(-eps, eps))), mask),
+         "clamp the ratio to [1 - eps, 1 + eps], not the log-ratio to [-eps, eps] (that clips to [e^-eps, e^eps])"),
+        ("loss", masked_mean(torch.maximum(-adv / r, -adv * (1 / r).clamp(1 - eps, 1 + eps)), mask),
+         "your ratio is inverted: ratio = exp(logprobs_new - logprobs_old)"),
         ("clip_frac", masked_mean(((r - 1).abs() > eps).double(), mask),
          "clip_frac counts tokens where the clipped term is active ([-A*clamp(ratio) > -A*ratio]), "
          "not every ratio outside [1 - eps, 1 + eps]"),
         ("clip_frac", masked_mean((cl >= un).double(), mask), "use a strict > in clip_frac: where both terms are equal, nothing is clipped"),
-        ("approx_kl", masked_mean(new - old, mask), "approx_kl is token-mean(logprobs_old - logprobs_new); yours has the opposite sign"),
+        ("approx_kl", masked_mean(new - old, mask), "approx_kl is token-mean(logprobs_old - logprobs_new); yours is the mean log-ratio, of the opposite sign"),
         ("approx_kl", masked_mean((r - 1) - torch.log(r), mask), "approx_kl is the k1 estimator, not k3"),
         ("approx_kl", (old - new).mean(), "approx_kl includes padded positions: use masked_mean"),
     ]
 
 
-def hint(case, sub, ref, ulps) -> str | None:
-    return common.suggest(patterns, scales, case, sub, ref, ulps)
+# exp(x) is exactly 0 in float32 below log(2**-149) = -103.28 (bfloat16 has float32's exponents):
+# there exp(new) / exp(old) is 0 / 0.
+EXP_UNDERFLOW = -103.28
+DIVISION = ("exp(logprobs_new) / exp(logprobs_old) is 0 / 0 = NaN where both log-probs are below about -103 "
+            "(exp underflows to 0 in float32; the padding holds such numbers): compute "
+            "ratio = exp(logprobs_new - logprobs_old)")
+
+
+def _division(case, sub) -> bool:
+    """The evidence of exp(new) / exp(old): NaN in the gradient only where both exps underflow."""
+    if sub is None or sub.grad is None or case.tensors["logprobs_new"].dtype == torch.float64:
+        return False
+    bad = ~torch.isfinite(sub.grad)
+    under = (case.tensors["logprobs_new"].double() < EXP_UNDERFLOW) & (case.tensors["logprobs_old"].double() < EXP_UNDERFLOW)
+    return bool(bad.any()) and bool((bad <= under).all())
+
+
+def hint(evidence, ulps) -> str | None:
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
+    if any(_division(case, sub) for case, sub, _ in evidence):
+        return DIVISION
+    return common.suggest(patterns, scales, evidence, ulps)
 
 
 _loss = common.outputs(scales, "loss")

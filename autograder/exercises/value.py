@@ -71,16 +71,21 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
         ("loss", 0.5 * masked_mean(e_un, mask), "your value loss ignores the clipped term"),
         ("loss", 0.5 * per_token.mean(), "the mean includes padded positions: use masked_mean"),
         ("loss", 0.5 * row_means, "you average per-row means; the token-mean divides the sum over all real tokens by their number"),
-        ("loss", 0.5 * masked_mean(torch.maximum(e_un, (new - ret).clamp(-c, c) ** 2), mask),
-         "clip the change of the value (values_new - values_old) around values_old, not around the returns"),
+        ("loss", 0.5 * masked_mean(torch.maximum(e_un, (new - (old + (ret - old).clamp(-c, c))) ** 2), mask),
+         "you clip the returns around values_old; clip the value instead: "
+         "v_clip = values_old + clamp(values_new - values_old, -c, c), compared with the returns"),
+        ("loss", 0.5 * masked_mean(torch.maximum(e_un, (new.clamp(-c, c) - ret) ** 2), mask),
+         "you clip values_new itself to [-c, c]; clip its change around values_old: "
+         "v_clip = values_old + clamp(values_new - values_old, -c, c)"),
         ("clip_frac", masked_mean((e_cl >= e_un).double(), mask), "use a strict > in clip_frac"),
         ("clip_frac", masked_mean(((new - old).abs() > c).double(), mask),
          "clip_frac counts tokens where the clipped squared error is the larger one, not every clipped change"),
     ]
 
 
-def hint(case, sub, ref, ulps) -> str | None:
-    return common.suggest(patterns, scales, case, sub, ref, ulps)
+def hint(evidence, ulps) -> str | None:
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
+    return common.suggest(patterns, scales, evidence, ulps)
 
 
 _loss = common.outputs(scales, "loss")

@@ -3,7 +3,7 @@
 # `ppo-course gradescope` unpacks to /autograder/source.
 #
 # Supported image: Gradescope's Ubuntu 24.04 base image with its Python 3.12. Python 3.11
-# works too (Debian 12: `ppo-course gradescope-sim` builds such an image to test this script).
+# works too (Debian 12: `course/gradescope_sim.sh` builds such an image and runs this script in it).
 # Every package comes pinned from autograder/gradescope/constraints.txt, the set CI tests;
 # torch is its CPU build (Gradescope has no GPU), from PyTorch's CPU index (PPO_TORCH_INDEX).
 set -euo pipefail

@@ -216,12 +216,12 @@ def _limit(args) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 2**20, 64 * 2**20))
-    if args.strategy == "user":  # counted per user: bounds every process and thread of the sandbox user
+    if args.uid >= 0:  # counted per user: bounds every process and thread of the workers' uid
         resource.setrlimit(resource.RLIMIT_NPROC, (args.nproc, args.nproc))
 
 
 def _drop_privileges(args) -> None:
-    if args.strategy == "user":
+    if args.uid >= 0:  # user and namespaces: an unprivileged uid, every capability gone with root
         os.setgroups([])
         os.setgid(args.gid)
         os.setuid(args.uid)

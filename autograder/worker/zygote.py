@@ -5,7 +5,8 @@ workers (the visible checks, then a fresh one per exercise for the hidden checks
 imports them once and forks; each child drops to the sandbox's privileges before it reads the
 submission (serve.py). Under the ``user`` strategy the server itself stays root, so no worker
 can signal or trace it; under ``namespaces`` it is the init process of the sandbox's PID
-namespace, which its children cannot kill either.
+namespace (root with a few capabilities, sandbox.SERVER_CAPS), which its children, an
+unprivileged uid, cannot kill either.
 
 Control messages (protocol.send_control): ``spawn`` (with the child's channel attached),
 ``preload`` (import the model code, transformers), ``kill`` (a worker's process group, then
