@@ -30,7 +30,9 @@ DEFAULT_RUNS = {
     "SmolLM2-135M GSM8K run 1 (80 steps, lr 3e-6)": ROOT / "reports/gsm8k_smollm2_run1",
     "SmolLM2-135M GSM8K run 2 (80 steps, lr 1e-5)": ROOT / "reports/gsm8k_smollm2_run2",
     "Qwen2.5-Coder-0.5B GSM8K run 1 (48 steps, KL target 10)": ROOT / "reports/gsm8k_qwen_coder_run1",
-    "Qwen2.5-Coder-0.5B GSM8K run 2 (48 steps, KL target 30)": ROOT / "reports/gsm8k_qwen_coder",
+    "Qwen2.5-Coder-0.5B GSM8K run 2 (48 steps, KL target 30)": ROOT / "reports/gsm8k_qwen_coder_run2",
+    "Qwen2.5-Coder-0.5B GSM8K run 3 (48 steps of 256, value head at 2e-6)": ROOT / "reports/gsm8k_qwen_coder_run3",
+    "Qwen2.5-Coder-0.5B GSM8K shipped config (48 steps of 256, value head at 5e-5)": ROOT / "reports/gsm8k_qwen_coder",
 }
 # Derived per step: the value loss over what a critic that knew nothing would score, 0.5 * the
 # variance of the final rewards (with gamma = lam = 1 every token's return is its response's
