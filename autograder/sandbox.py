@@ -184,6 +184,18 @@ def environment_paths() -> list[Path]:
     return _outermost({p for p in wanted if p.exists() or p.is_symlink()})
 
 
+def answer_keys_in_environment() -> list[Path]:
+    """The answer key's package folder where it lies inside the environment the worker's root
+    shows: a non-editable install (``pip install .``) copies ``solutions/`` into site-packages.
+    An editable install (setup.sh, the README) leaves it in the project tree, which is not shown."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("solutions")
+    folders = [Path(p).resolve() for p in (spec.submodule_search_locations or [])] if spec else []
+    environment = environment_paths()
+    return [f for f in folders if any(f.is_relative_to(e.resolve()) for e in environment)]
+
+
 def _new_root_steps(root: Path, stage: Path) -> list[str]:
     """Shell steps that build the worker's root in ``root`` (run inside the new mount namespace).
 
@@ -201,6 +213,8 @@ def _new_root_steps(root: Path, stage: Path) -> list[str]:
         else:
             steps += [f"mkdir -p {r(path)}", f"mount --bind {q(path)} {r(path)}",
                       f"mount -o remount,bind,ro {r(path)}"]
+    for key in answer_keys_in_environment():  # an empty folder over an installed answer key
+        steps.append(f"mount -t tmpfs -o size=4k,mode=755 tmpfs {r(key)}")
     steps.append(f"mkdir -p {r('/dev')} {r('/proc')} {r('/etc')}")
     for device in ("null", "zero", "urandom"):
         steps += [f"touch {r('/dev/' + device)}", f"mount --bind /dev/{device} {r('/dev/' + device)}"]
@@ -265,7 +279,7 @@ class Sandbox:
                "TMPDIR": str(self.stage / "scratch"), "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads,
                "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
-        cmd = self._namespace_command(python, hide) if self.strategy == "namespaces" else python
+        cmd = self._namespace_command(python) if self.strategy == "namespaces" else python
         self.server = subprocess.Popen(cmd, cwd=self.stage, env=env, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                        pass_fds=(theirs.fileno(),), start_new_session=True)
@@ -280,14 +294,13 @@ class Sandbox:
                 raise GraderFailure(f"the fork server answered {hello.get('op')!r} instead of its hello")
             self._hello = True
 
-    def _namespace_command(self, python: list[str], hide: list[Path]) -> list[str]:
+    def _namespace_command(self, python: list[str]) -> list[str]:
         """The server's command line: new mount, PID and network namespaces in which a shell
         builds the worker's root (``_new_root_steps``), chroots into it and starts the server.
 
         Deny by default: the root holds only what a worker needs, so a copy of the answer key
         anywhere else (an unzipped release in /tmp, a second clone in a home folder) is not in
-        it. ``hide`` is not needed here: the project tree is simply not mounted."""
-        del hide  # the user strategy's list; nothing outside the new root is visible anyway
+        it; the project tree is simply not mounted."""
         root = self.stage / "root"
         root.mkdir(mode=0o755)
         caps = "-all," + ",".join(f"+{c}" for c in SERVER_CAPS)

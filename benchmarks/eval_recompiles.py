@@ -15,7 +15,6 @@ On CPU nothing compiles (the trainer compiles on CUDA only): the probe then only
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 import time
@@ -27,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from assignment.trainer.config import load_config  # noqa: E402
+from assignment.trainer.evaluate import eval_rollout_config  # noqa: E402
 from assignment.trainer.rollout import generate, generation_copy  # noqa: E402
 
 
@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     torch._logging.set_logs(recompiles=True)
     for name in ("torch._dynamo", "torch._dynamo.guards", "torch._dynamo.convert_frame"):
         logging.getLogger(name).addHandler(handler)
-    fast = load_config(ROOT / "configs" / "gsm8k_qwen_coder.yaml",
-                       [f"rollout.max_new_tokens={args.new_tokens}", f"rollout.max_prompt_tokens={args.prompt_tokens}"]).rollout
-    eager = dataclasses.replace(fast, cache_implementation=None, compile=False)
+    cfg = load_config(ROOT / "configs" / "gsm8k_qwen_coder.yaml",
+                      [f"rollout.max_new_tokens={args.new_tokens}", f"rollout.max_prompt_tokens={args.prompt_tokens}"])
+    fast = cfg.rollout
+    eager = eval_rollout_config(cfg)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # as the trainer sets it
     policy = tiny_qwen2(device)

@@ -26,8 +26,8 @@ IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 STUDENT_README = """# PPO for language models: your assignment
 
 Read `handout.md` (section 4 is the contract the grader holds your code to), then fill in the
-five blanks of `assignment/exercises.py`. `assignment/helpers.py` and `assignment/model.py`
-are given; `assignment/trainer/` is the trainer your functions plug into.
+five blanks of `assignment/exercises.py` (exercises 6-8, Part II in handout section 8, are an
+optional bonus). `assignment/helpers.py` and `assignment/model.py` are given; `assignment/trainer/` is the trainer your functions plug into.
 
 ```bash
 python3 -m venv .venv
@@ -94,7 +94,7 @@ def _student_pyproject() -> str:
     return "\n".join([
         "[build-system]", 'requires = ["setuptools>=68"]', 'build-backend = "setuptools.build_meta"', "",
         "[project]", 'name = "ppo-llm-assignment"', f'version = "{__version__}"',
-        'description = "The PPO-for-language-models assignment: five exercises and the trainer they plug into."',
+        'description = "The PPO-for-language-models assignment: five exercises (and three bonus ones) and the trainer they plug into."',
         'readme = "README.md"', f'requires-python = "{project["requires-python"]}"',
         "dependencies = [", *[f"    {json.dumps(d)}," for d in dependencies], "]", "",
         "[project.optional-dependencies]", "train = [", *[f"    {json.dumps(d)}," for d in train], "]", "",

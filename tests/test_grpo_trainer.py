@@ -153,3 +153,16 @@ def test_the_cpu_grpo_configs_learn_as_part_one_must(algorithm):
     check = run(load_module(REFERENCE), seed=0, threshold=0.15, overrides=overrides)
     assert check.passed, (check.first10_mean, check.last10_mean)
     assert check.accuracy_after > check.accuracy_before
+
+
+def test_the_cli_names_an_update_that_bypasses_the_module_name(tmp_path, capsys):
+    """A submission whose update reaches exercise 1 by another name than its module-level one
+    (here: the answer key's own functions, imported) cannot run GRPO: ppo-train says why, no
+    traceback, exit status 2."""
+    from assignment.trainer import cli
+
+    imported = tmp_path / "imported.py"
+    imported.write_text("from solutions.exercises import *  # the update calls solutions.exercises' names\n")
+    code = cli.main(["--impl", str(imported), *TINY, *GRPO_TINY, f"train.output_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "hint 5.3" in err and "Traceback" not in err, err

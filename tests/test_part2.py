@@ -8,6 +8,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 import corpus
 from autograder import config, report
@@ -97,3 +98,25 @@ def test_part2_alternative_gets_full_marks(variant, sandbox):
     result = grade(corpus.render(variant), QUICK, CONFIG, exercises=PART_II, sandbox=sandbox)
     assert result.bonus_score == result.bonus_max == 13, \
         [(c.exercise, c.check, c.feedback) for c in result.checks if not c.passed]
+
+
+def test_the_singleton_hint_needs_a_group_of_one():
+    """The "group of one gives NaN" hint only when every response with non-finite advantages is
+    alone in its group; NaN in a larger group (a forgotten eps on equal rewards: 0 / 0) says
+    something else, and must not get that hint."""
+    from autograder.calls import Called
+    from autograder.cases import Case
+    from autograder.exercises import grpo
+
+    def evidence(ids, rewards, nan_rows):
+        mask = torch.ones(len(ids), 2, dtype=torch.bool)
+        case = Case(tensors={"rewards": torch.tensor(rewards), "group_ids": torch.tensor(ids), "response_mask": mask},
+                    scalars={"norm_by_std": True, "eps": 1e-6})
+        advantages = torch.zeros(len(ids), 2)
+        advantages[nan_rows] = float("nan")
+        return [(case, Called({"advantages": advantages}, {"advantages": False}, None), None)]
+
+    # response 2 alone in its group: torch.std of one value is NaN
+    assert grpo.hint(evidence([0, 0, 1], [1.0, 0.0, 1.0], [2]), 4.0) == grpo.SINGLETON
+    # group 0 of two equal rewards, divided by a std of 0 without eps
+    assert grpo.hint(evidence([0, 0, 1, 1], [1.0, 1.0, 0.0, 1.0], [0, 1]), 4.0) != grpo.SINGLETON

@@ -75,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.compare:
             from assignment.trainer.runlog import compare_runs
 
-            print(f"wrote {compare_runs([Path(d) for d in args.compare], Path(args.compare_out))}")
+            try:
+                print(f"wrote {compare_runs([Path(d) for d in args.compare], Path(args.compare_out))}")
+            except ImportError as err:  # matplotlib is in the train extra, not the cpu one
+                print(f"ppo-train: --compare draws with matplotlib ({err}): pip install matplotlib", file=sys.stderr)
+                return 2
             return 0
         if args.report:
             from assignment.trainer.report import write_report

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from assignment.trainer.config import Config
+from assignment.trainer.impl import ImplError
 
 # Added to the group std before dividing (exercise 6's eps): verl's default epsilon.
 GRPO_EPS = 1e-6
@@ -45,7 +46,7 @@ LOSS_AGG_MODE = {"grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-n
 REQUIRED = ("compute_policy_loss", "compute_grpo_advantages", "aggregate_loss", "compute_kl")
 
 
-class PolicyLossNotCalled(RuntimeError):
+class PolicyLossNotCalled(ImplError):
     """The student's update never called ``compute_policy_loss`` by its module-level name."""
 
 
@@ -103,7 +104,7 @@ def policy_loss_swap(impl: ModuleType, minibatch: dict[str, Any], cfg: Config,
 
     def compute_policy_loss(logprobs_new, logprobs_old, advantages, response_mask, clip_ratio):
         if ref_logprobs.shape != logprobs_new.shape:
-            raise ValueError(f"compute_policy_loss got log-probs of shape {tuple(logprobs_new.shape)}, but the "
+            raise ImplError(f"compute_policy_loss got log-probs of shape {tuple(logprobs_new.shape)}, but the "
                              f"minibatch's are {tuple(ref_logprobs.shape)}: GRPO needs the whole minibatch's rows")
         weights = token_weights(impl.aggregate_loss, response_mask, mode, budget)  # (b, T)
         n = response_mask.bool().sum()

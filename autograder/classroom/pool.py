@@ -9,6 +9,7 @@ classmates' code and raise it into its own feedback.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import multiprocessing
 import os
@@ -34,7 +35,11 @@ def open_private_sandbox(setup: Setup, slot: int) -> Sandbox:
     """grade.open_sandbox, hiding as well what is private to the class: the submissions, the out
     folder and the other grading processes' temporary folders (their stages)."""
     others = [s for i, s in enumerate(setup.slots) if i != slot]
-    return open_sandbox(setup.cfg, setup.config_path, [*setup.private, *others])
+    # RLIMIT_NPROC counts every process and thread of a uid on the host, and every sandbox's
+    # workers run as the same one: the grading processes share worker.nproc times their number,
+    # so that each may hold as many as a single grading's.
+    worker = dataclasses.replace(setup.cfg.worker, nproc=setup.cfg.worker.nproc * max(1, len(setup.slots)))
+    return open_sandbox(dataclasses.replace(setup.cfg, worker=worker), setup.config_path, [*setup.private, *others])
 
 
 class _SandboxHolder:

@@ -19,7 +19,7 @@ streams are equal (a copy up to names, comments and layout). Every student is co
 answer key (solutions/exercises.py) too, and a file that is byte-identical to it, or carries its
 ``### BEGIN SOLUTION`` markers (the student file has none), is named as such.
 
-Read this as a list of what to look at, not a verdict: five short functions written to one
+Read this as a list of what to look at, not a verdict: short functions written to one
 contract converge, and the corpus's mutants are the key with one edit.
 
 copydetect is in the ``classroom`` extra (the TA's machine), not in the grading image; without

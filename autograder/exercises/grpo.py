@@ -149,10 +149,16 @@ SINGLETON = ("a group of one response gives NaN: torch.std of a single value div
 
 def hint(evidence, ulps) -> str | None:
     """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
+    singleton_only = False  # non-finite advantages, and only ever in groups of one response
     for case, sub, _ in evidence:
-        if sub is not None and not torch.isfinite(sub.outputs["advantages"][case.mask]).all():
-            return SINGLETON
-    return common.suggest(patterns, scales, evidence, ulps)
+        if sub is None:
+            continue
+        broken = ~torch.isfinite(sub.outputs["advantages"]).all(dim=-1) & case.mask.any(dim=-1)  # (B,)
+        if bool(broken.any()):
+            if not bool((group_stats(case)[2][broken] == 1).all()):
+                return common.suggest(patterns, scales, evidence, ulps)  # NaN elsewhere: not this mistake
+            singleton_only = True
+    return SINGLETON if singleton_only else common.suggest(patterns, scales, evidence, ulps)
 
 
 _no_grad = common.no_gradient("advantages")
