@@ -11,6 +11,7 @@ The one deviation besides the sizes: ppo.min_reward_std=0. A random tiny model n
 reward, so the run's guard would skip every update; the skip itself is tested in test_trainer.
 """
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -128,6 +129,11 @@ def test_the_grpo_configs_keep_the_ppo_budget_and_run_on_cpu(staged, capsys, alg
                                             ppo.ppo.epochs, ppo.ppo.lr, ppo.rollout.max_new_tokens)
     fast = ("cache_implementation", "compile", "generation_dtype")
     assert [getattr(cfg.rollout, k) for k in fast] == [getattr(ppo.rollout, k) for k in fast]
+    # every other key as the PPO config has it: the copies cannot drift from the recipe they match
+    flat = lambda c: {f"{part}.{k}": v for part, sub in dataclasses.asdict(c).items()  # noqa: E731
+                      for k, v in (sub.items() if isinstance(sub, dict) else [("", sub)])}
+    differ = {k for k, v in flat(cfg).items() if flat(ppo)[k] != v}
+    assert differ <= {"algorithm.", "rollout.group_size", "ppo.vf_coeff", "ppo.value_head_lr", "train.output_dir"}, differ
     tiny = [t for t in TINY if not t.startswith("train.time_limit_s")] + ["train.time_limit_s=null"]
     argv = ["--config", str(config), "--impl", str(ROOT / "solutions" / "exercises.py"), *tiny]
     assert cli.main(argv) == 0
