@@ -35,7 +35,7 @@ python3 -m venv .venv
 .venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
 .venv/bin/pip install -e .                                    # the rest of the CPU install
 .venv/bin/python -m pytest tests/public                       # the property checks, on your file
-.venv/bin/python -m pytest tests/public -m ex3                # one exercise's (ex1 ... ex5)
+.venv/bin/python -m pytest tests/public -m ex3                # one exercise's (ex1 ... ex8)
 .venv/bin/ppo-train --config configs/cpu_synthetic.yaml       # watch your trainer learn, on CPU
 ```
 
@@ -101,7 +101,8 @@ def _student_pyproject() -> str:
         "[project.scripts]", f'ppo-train = "{project["scripts"]["ppo-train"]}"', "",
         "[tool.setuptools.packages.find]", 'include = ["assignment*"]', "",
         "[tool.pytest.ini_options]", 'testpaths = ["tests"]', 'addopts = "-ra"',
-        "markers = [", *[f'    "ex{n}: the public tests of exercise {n} (pytest tests/public -m ex{n})",' for n in range(1, 6)],
+        "markers = [", *[f'    "ex{n}: the public tests of exercise {n} (pytest tests/public -m ex{n})",' for n in range(1, 9)],
+        '    "bonus: the public tests of Part II, exercises 6-8 (skipped while not attempted)",',
         "]", ""])
 
 
