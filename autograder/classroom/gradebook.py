@@ -31,8 +31,9 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 class Row:
     student: str
     status: str                                  # graded, refused: why, grader failed: why, not graded
-    total: float | None = None
+    total: float | None = None                   # Part I's score (the assignment's total)
     max_score: float | None = None
+    bonus: float | None = None                   # Part II's points beyond the total (None: none graded)
     exercises: dict[int, float] = field(default_factory=dict)
     exercise_max: dict[int, float] = field(default_factory=dict)
     checks: dict[tuple[int, str], float] = field(default_factory=dict)
@@ -51,15 +52,19 @@ class Gradebook:
     rows: list[Row]
     extra_columns: list[str] = field(default_factory=list)  # from the roster
 
+    @property
+    def has_bonus(self) -> bool:
+        return any(is_bonus(n) for n in self.exercises)
+
     def header(self) -> list[str]:
-        return ["student", *self.extra_columns, "total", "max", "reason",
+        return ["student", *self.extra_columns, "total", "max", *(["bonus"] if self.has_bonus else []), "reason",
                 *(exercise_column(n) for n in self.exercises),
                 *(f"{exercise_column(n)} status" for n in self.exercises),
                 *(f"{n}/{c}" for n, c in self.checks), "status"]
 
     def table(self) -> list[list[str]]:
         return [[r.student, *(r.extra.get(c, "") for c in self.extra_columns), number_text(r.total), number_text(r.max_score),
-                 r.reason, *(number_text(r.exercises.get(n)) for n in self.exercises),
+                 *([number_text(r.bonus)] if self.has_bonus else []), r.reason, *(number_text(r.exercises.get(n)) for n in self.exercises),
                  *(r.statuses.get(n, "") for n in self.exercises),
                  *(number_text(r.checks.get(k)) for k in self.checks), r.status] for r in self.rows]
 
@@ -113,8 +118,10 @@ def row_for(out: Path, sid: str, checks: list[tuple[int, str]], numbers: list[in
     state = student_status(data, status, None, numbers)
     # total and max are Part I's; Part II's bonus shows in its own exercise columns (ex6-ex8)
     part_one = [k for k in present if not is_bonus(k[0])]
+    part_two = [k for k in present if is_bonus(k[0])]
     row = Row(sid, status, sum(tests[k]["score"] for k in part_one),
-              sum(tests[k]["max_score"] for k in part_one), checks={k: tests[k]["score"] for k in present},
+              sum(tests[k]["max_score"] for k in part_one), sum(tests[k]["score"] for k in part_two) if part_two else None,
+              checks={k: tests[k]["score"] for k in present},
               failed_checks=[k for k in present if tests[k]["status"] == "failed"],
               statuses=state.exercises, reason=state.reason,
               hidden={k for k in present if tests[k].get("visibility") != "visible"})
