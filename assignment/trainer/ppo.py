@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -136,7 +136,8 @@ def early_stop_bound(cfg: PPOConfig) -> float | None:
 
 def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: Any, batch: dict[str, Any], cfg: Config, generator: torch.Generator,
-               progress: Any = None) -> dict[str, float]:
+               progress: Any = None, minibatch_size: int | None = None,
+               agree: Callable[[float], float] | None = None) -> dict[str, float]:
     """``cfg.ppo.epochs`` passes of shuffled minibatches through ``impl.ppo_minibatch_update``.
 
     ``batch`` is the minibatch dict of the contract (handout.md section 4, exercise 5), for the whole rollout (B rows). The
@@ -153,6 +154,11 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     minibatch's own values (``FIRST_MINIBATCH_KEYS``): the policy has not moved yet there, so
     the ratio is exactly 1 and both must be 0 up to float rounding, the sanity check of the
     exercises (the means mix in later minibatches, where the policy has moved).
+   
+    Data-parallel (``assignment.trainer.distributed``): ``batch`` is this process's rows,
+    ``minibatch_size`` its share of ``ppo.minibatch_size``, and ``agree`` averages a figure over
+    the processes: the early stop reads the averaged approx_kl, so that all of them stop after
+    the same minibatch (DDP needs every process in every backward).
     """
     update_cfg = UpdateConfig.from_config(cfg)
     accum, bound = cfg.ppo.grad_accum_steps, early_stop_bound(cfg.ppo)
@@ -162,7 +168,7 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     optimizer.zero_grad()
     ran, stopped, first = 0, False, {}
     for _ in range(cfg.ppo.epochs):
-        for i, minibatch in enumerate(minibatches(batch, cfg.ppo.minibatch_size, generator)):
+        for i, minibatch in enumerate(minibatches(batch, minibatch_size or cfg.ppo.minibatch_size, generator)):
             step_optimizer = (i + 1) % accum == 0
             metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
             if step_optimizer:
@@ -175,7 +181,8 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
             ran += 1
             if progress is not None:
                 progress.update(1)
-            stopped = bound is not None and float(metrics["stats/approx_kl"]) > bound
+            approx_kl = float(metrics["stats/approx_kl"]) if agree is None else agree(float(metrics["stats/approx_kl"]))
+            stopped = bound is not None and approx_kl > bound
             if stopped:
                 break
         if stopped:
@@ -186,5 +193,5 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
                   "stats/early_stop": float(stopped)})
     if stopped:
         means.update({"stats/early_stop_minibatch": float(ran - 1),
-                      "stats/early_stop_approx_kl": float(metrics["stats/approx_kl"])})
+                      "stats/early_stop_approx_kl": approx_kl})
     return means
