@@ -181,8 +181,9 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
             ran += 1
             if progress is not None:
                 progress.update(1)
-            approx_kl = float(metrics["stats/approx_kl"]) if agree is None else agree(float(metrics["stats/approx_kl"]))
-            stopped = bound is not None and approx_kl > bound
+            if bound is not None:
+                approx_kl = float(metrics["stats/approx_kl"])
+                stopped = (approx_kl if agree is None else agree(approx_kl)) > bound
             if stopped:
                 break
         if stopped:
@@ -193,5 +194,5 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
                   "stats/early_stop": float(stopped)})
     if stopped:
         means.update({"stats/early_stop_minibatch": float(ran - 1),
-                      "stats/early_stop_approx_kl": approx_kl})
+                      "stats/early_stop_approx_kl": float(metrics["stats/approx_kl"])})
     return means
