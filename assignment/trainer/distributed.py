@@ -78,7 +78,10 @@ class Distributed:
         """The device of this process: accelerate's (cuda:LOCAL_RANK, or cpu under --cpu) in a job of
         several processes, whose config may only say "auto" or that device's type."""
         if name == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu") if not self.active else self.state.device
+            if not self.active:
+                return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            # accelerate says cpu:0, which torch.load cannot map a checkpoint to: plain cpu
+            return torch.device("cpu") if self.state.device.type == "cpu" else self.state.device
         if self.active and torch.device(name).type != self.state.device.type or self.active and ":" in name:
             raise ConfigError(f"train.device={name} under accelerate launch: use auto (this process runs on "
                               f"{self.state.device})")
