@@ -92,7 +92,7 @@ def test_two_processes_train_resume_and_refuse_another_job_size(tmp_path, capsys
         assert len(rewards) == 8 and m["rollout/reward_mean"] == pytest.approx(sum(rewards) / 8, abs=1e-6)
         assert abs(m["stats/approx_kl_first"]) < 1e-5  # ratio 1 at the first minibatch, through DDP
     evals = read_jsonl(run / "eval.jsonl")
-    assert [e["step"] for e in evals] == [0, 4] and all(e["eval/n"] == 8 for e in evals)
+    assert [e["step"] for e in evals] == [0, 2, 4] and all(e["eval/n"] == 8 for e in evals)
     assert len(read_jsonl(run / "eval_samples" / "step_4.jsonl")) == 8
     assert torch.load(run / "checkpoint.pt", weights_only=False)["world_size"] == 2
     # A plain process cannot continue it: the batch split and RNG streams belong to 2 processes.
