@@ -10,7 +10,8 @@
 Problems the user can fix (a bad config key, malformed data, a missing model file, a
 submission that does not import, an exercise not yet written) are printed as one message,
 without a traceback, and exit with status 2. A run stopped by ``train.time_limit_s`` exits 0 and
-prints the command that continues it. ``python -m assignment.trainer`` is the same command.
+prints the command that continues it. ``python -m assignment.trainer`` is the same command, and
+either runs data-parallel under ``accelerate launch`` (README, "More GPUs").
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ from pathlib import Path
 
 from assignment.trainer.config import ConfigError, load_config
 from assignment.trainer.data import DataError
+from assignment.trainer.distributed import Distributed, WorldSizeError
 from assignment.trainer.impl import ImplError, load_impl
 from assignment.trainer.loading import ModelError
 from assignment.trainer.loop import TIME_LIMIT, RunDirError, RunResult, train
 from assignment.trainer.runlog import REWARD_WINDOW
 
-USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError)
+USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError, WorldSizeError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ppo-train: interrupted; continue with --resume RUN_DIR (from the last checkpoint)", file=sys.stderr)
         return 130
-    print_summary(result)
+    if Distributed().is_main:  # under accelerate launch, one job prints one summary
+        print_summary(result)
     return 0
 
 

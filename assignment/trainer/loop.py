@@ -25,10 +25,16 @@ steps when they are due; the last checkpoint and evaluation after the last step.
 ``train.time_limit_s``, the run stops cleanly after the step or evaluation batch that crosses the
 limit (``TimeUp``), saves a checkpoint and returns with status "time_limit"; ``--resume``
 continues it exactly, an interrupted evaluation included.
+
+Under ``accelerate launch --num_processes N`` the same code runs data-parallel: each process
+generates its share of the batch, the rollout is gathered for exercise 4 and the metrics, and
+the update trains a DDP wrapper (``assignment.trainer.distributed`` says what is gathered).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import shutil
 import time
@@ -45,6 +51,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 from assignment.model import PolicyWithValueHead
 from assignment.trainer import checkpoint, grpo
 from assignment.trainer.config import Config, PPOConfig, RewardConfig, to_yaml
+from assignment.trainer.distributed import (Distributed, NullLogger, NullProgress, sharded_eval_batches,
+                                           whole_rollout)
 from assignment.trainer.data import Curriculum, Problem, load_problems, training_batch
 from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.impl import ImplError
@@ -177,6 +185,8 @@ class Run:
     saved_step: int | None = None  # the step of the checkpoint on disk (None: none yet)
     sampler: PreTrainedModel | None = None  # rollout.generation_dtype's copy of policy.lm (None: policy.lm samples)
     first_kl_warned: bool = False  # the approx_kl_first warning is printed once per invocation
+    dist: Distributed | None = None  # the job's processes (None: this one alone)
+    model: torch.nn.Module | None = None  # what the update trains: policy, or its DDP wrapper (None: policy)
 
 
 def open_run_dir(cfg: Config, resume: bool) -> Path:
@@ -198,10 +208,13 @@ def open_run_dir(cfg: Config, resume: bool) -> Path:
     return out
 
 
-def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline: Deadline) -> Run:
+def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline: Deadline,
+              dist: Distributed | None = None) -> Run:
     """Seed, then build the models, data, optimizer, scheduler and small states of a run; when
     resuming, load them and every RNG state from the checkpoint in ``out``."""
-    device = resolve_device(cfg.train.device)
+    dist = dist or Distributed()
+    dist.check(cfg)
+    device = dist.device(cfg.train.device)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # float32 weights, TF32 matmuls
     seed_everything(cfg.train.seed)
@@ -214,10 +227,14 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     scheduler = get_scheduler(cfg.ppo.lr_scheduler, optimizer, num_warmup_steps=cfg.ppo.warmup_steps,
                               num_training_steps=optimizer_steps(cfg))
     kl_ctl, curriculum = KLController(cfg.kl), Curriculum(cfg.data)
-    start_step = restore(out, device, policy, optimizer, scheduler, kl_ctl, curriculum) if resume else 0
+    if dist.rank:  # the same weights everywhere (seeded above), but each process samples its own responses
+        seed_everything(cfg.train.seed + dist.rank)
+    start_step = restore(out, device, policy, optimizer, scheduler, kl_ctl, curriculum, dist) if resume else 0
+    model = dist.wrap(policy)
     sampler = generation_copy(policy.lm, DTYPES[cfg.rollout.generation_dtype]) if cfg.rollout.generation_dtype else None
+    logger = RunLogger(out, cfg, start_step) if dist.is_main else NullLogger()
     return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,
-               RunLogger(out, cfg, start_step), start_step, progress, deadline, start_step if resume else None, sampler)
+               logger, start_step, progress, deadline, start_step if resume else None, sampler, dist, model)
 
 
 def optimizer_groups(policy: PolicyWithValueHead, ppo: PPOConfig) -> list[dict[str, Any]]:
@@ -233,7 +250,7 @@ def optimizer_groups(policy: PolicyWithValueHead, ppo: PPOConfig) -> list[dict[s
 
 
 def restore(out: Path, device: torch.device, policy: PolicyWithValueHead, optimizer: torch.optim.Optimizer,
-            scheduler: Any, kl_ctl: KLController, curriculum: Curriculum) -> int:
+            scheduler: Any, kl_ctl: KLController, curriculum: Curriculum, dist: Distributed) -> int:
     """Load the checkpoint in ``out`` into these objects and set every RNG state from it, so that
     the run continues as if never stopped; return the checkpoint's step."""
     state = checkpoint.load(out, device)
@@ -242,15 +259,16 @@ def restore(out: Path, device: torch.device, policy: PolicyWithValueHead, optimi
     scheduler.load_state_dict(state["scheduler"])
     kl_ctl.load_state_dict(state["kl"])
     curriculum.load_state_dict(state["curriculum"])
-    checkpoint.set_rng_state(state["rng"])
+    dist.restore_rng(state)  # this process's own RNG state; raises WorldSizeError for another job size
     tqdm.write(f"resuming {out} from step {state['step']}")
     return state["step"]
 
 
 def save(run: Run, step: int) -> None:
     """Checkpoint ``run`` as of ``step``: what ``restore`` loads."""
-    extra = {"kl": run.kl_ctl.state_dict(), "curriculum": run.curriculum.state_dict()}
-    checkpoint.save(run.out, step, run.policy, run.optimizer, run.scheduler, extra)
+    extra = {"kl": run.kl_ctl.state_dict(), "curriculum": run.curriculum.state_dict(), **run.dist.checkpoint_extra()}
+    # DDP keeps the weights and optimizer states equal on every process: the main one's are the job's.
+    run.dist.on_main(lambda: checkpoint.save(run.out, step, run.policy, run.optimizer, run.scheduler, extra))
     run.saved_step = step
 
 
@@ -269,6 +287,7 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     problems = training_batch(cfg.data, run.problems["train"], cfg.rollout.batch_size // group_size, cfg.train.seed,
                               step, run.curriculum.level)
     problems = [problem for problem in problems for _ in range(group_size)]
+    problems = problems[run.dist.shard(len(problems))]  # this process's share of the global batch
     prompts = render_prompts(run.tokenizer, [problem.question for problem in problems], cfg.data)
     if run.sampler is not None:
         refresh_copy(run.sampler, run.policy.lm)  # the weights of the last update (or of the checkpoint)
@@ -278,6 +297,10 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     texts = run.tokenizer.batch_decode(rollout.sample.response_ids, skip_special_tokens=True)
     scores = score_responses(texts, problems, rollout.sample, cfg.reward)
     final_rewards = torch.tensor([scored.reward for scored in scores], dtype=torch.float32, device=run.device)
+    # Data-parallel: from here to the update, the whole batch (every process's rows, the same everywhere).
+    mine, rollout = rollout, whole_rollout(run.dist, rollout, run.tokenizer.pad_token_id)
+    response_mask, final_rewards = rollout.sample.response_mask, run.dist.gather_rows(final_rewards)
+    texts, scores, problems = (run.dist.gather_objects(items) for items in (texts, scores, problems))
     if cfg.algorithm == "ppo":
         # 3. Per-token k1 KL penalty against the frozen reference -> (B, T).
         penalties = kl_penalties(rollout.logprobs, rollout.ref_logprobs, response_mask, run.kl_ctl.value)
@@ -291,10 +314,11 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     # The guard: clip, or skip the update.
     advantages, guard_metrics, skip = guard_advantages(final_rewards, advantages, response_mask, cfg.ppo)
     rollout_done = time.time()
-    # 5. Epochs x shuffled minibatches of exercise 5 (none if the guard said skip).
-    batch = rollout.update_batch(advantages, returns)
+    # 5. Epochs x shuffled minibatches of exercise 5 (none if the guard said skip), on this process's rows.
+    width = mine.sample.response_mask.shape[1]
+    batch = mine.update_batch(run.dist.own_rows(advantages, width), run.dist.own_rows(returns, width))
     if cfg.algorithm != "ppo":
-        batch = grpo.update_batch(batch, rollout.ref_logprobs)
+        batch = grpo.update_batch(batch, mine.ref_logprobs)
     update_metrics = update(run, cfg, impl, step, batch, skip)
     warn_first_kl(run, step, update_metrics, rollout.logprobs[response_mask.bool()])
     metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **guard_metrics,
@@ -324,8 +348,11 @@ def update(run: Run, cfg: Config, impl: ModuleType, step: int, batch: dict[str, 
     if cfg.algorithm != "ppo":  # GRPO's loss around exercise 5 (assignment/trainer/grpo.py)
         def around(minibatch):
             return grpo.policy_loss_swap(impl, minibatch, cfg, run.kl_ctl.value)
+    dist = run.dist
     with tqdm(total=minibatches_per_step(cfg), desc="update", leave=False, disable=not cfg.train.progress) as bar:
-        metrics = ppo_update(impl, run.policy, run.optimizer, run.scheduler, batch, cfg, generator, bar, around)
+        metrics = ppo_update(impl, run.model, run.optimizer, run.scheduler, batch, cfg, generator, bar, around,
+                             cfg.ppo.minibatch_size // dist.world_size, dist.mean if dist.active else None)
+    metrics = dist.mean_metrics(metrics)  # each process's means over its own minibatches, averaged
     if metrics["stats/early_stop"]:
         tqdm.write(f"[step {step}] update stopped early after minibatch {int(metrics['stats/minibatches'])} of "
                    f"{minibatches_per_step(cfg)}: approx_kl {metrics['stats/early_stop_approx_kl']:.4f} > "
@@ -386,14 +413,16 @@ def run_eval(run: Run, cfg: Config, step: int) -> None:
     ``eval.jsonl`` once every problem has its record. Raises TimeUp(step) between batches
     when the time limit has passed."""
     problems = run.problems["test"][: cfg.eval.size]
-    if not problems or any(e["step"] == step for e in read_jsonl(run.out / EVALS)):
+    # The main process reads the run directory (it alone writes it) and tells the others.
+    if not problems or run.dist.on_main(lambda: any(e["step"] == step for e in read_jsonl(run.out / EVALS))):
         return
-    records = read_jsonl(eval_records_path(run.out, step))
+    records = run.dist.on_main(lambda: read_jsonl(eval_records_path(run.out, step)))
     with tqdm(total=len(problems), initial=len(records), desc=f"eval (step {step})", leave=False,
               disable=not cfg.train.progress) as bar:
         started = time.time()
         reset_peak_memory(run.device)
-        for batch in evaluate_batches(run.policy, run.tokenizer, problems[len(records):], cfg):
+        for batch in sharded_eval_batches(run.dist, evaluate_batches, run.policy, run.tokenizer,
+                                          problems[len(records):], cfg):
             run.logger.eval_records(step, batch)
             records += batch
             bar.update(len(batch))
@@ -401,7 +430,7 @@ def run_eval(run: Run, cfg: Config, step: int) -> None:
             if cfg.train.log_every:
                 tqdm.write(f"[eval step {step}] {len(records)}/{len(problems)} problems, {time.time() - started:.1f} s")
             started = time.time()
-            if len(records) < len(problems) and run.deadline.passed():
+            if len(records) < len(problems) and run.dist.any(run.deadline.passed()):
                 raise TimeUp(step)
     result = summarize(records)
     # the peak of this invocation's batches (a resumed evaluation's earlier batches ran elsewhere)
@@ -460,7 +489,7 @@ def run_steps(run: Run, cfg: Config, impl: ModuleType, on_step: Callable[[int, d
         between_steps(run, cfg, step, samples)
         if on_step is not None:
             on_step(step, metrics)
-        if step < cfg.train.steps and run.deadline.passed():
+        if step < cfg.train.steps and run.dist.any(run.deadline.passed()):
             raise TimeUp(step)
     steps.close()
 
@@ -486,7 +515,10 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
     if cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)
     try:
-        return _train(cfg, impl, resume, on_step, command)
+        if Distributed().is_main:
+            return _train(cfg, impl, resume, on_step, command)
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # one job prints once
+            return _train(cfg, impl, resume, on_step, command)
     finally:
         torch.set_num_threads(threads)  # the setting is process-wide: give the caller its own back
 
@@ -499,9 +531,10 @@ def _train(cfg: Config, impl: ModuleType, resume: bool, on_step: Callable[[int, 
     if cfg.algorithm != "ppo" and grpo.missing(impl):
         raise ImplError(f"algorithm {cfg.algorithm} needs Part II's exercises; the submission does not define "
                         f"{', '.join(grpo.missing(impl))}")
-    out = open_run_dir(cfg, resume)
-    progress = Progress(out, command, resume)
-    run = setup_run(cfg, out, resume, progress, Deadline.after(cfg.train.time_limit_s, started))
+    dist = Distributed()
+    out = dist.on_main(lambda: open_run_dir(cfg, resume))
+    progress = Progress(out, command, resume, dist.world_size) if dist.is_main else NullProgress()
+    run = setup_run(cfg, out, resume, progress, Deadline.after(cfg.train.time_limit_s, started), dist)
     status, last_step = FINISHED, cfg.train.steps
     try:
         run_steps(run, cfg, impl, on_step)
@@ -513,10 +546,11 @@ def _train(cfg: Config, impl: ModuleType, resume: bool, on_step: Callable[[int, 
                    f"checkpoint saved")
     run.logger.close()
     progress.finish(status)
-    if status == FINISHED:
+    if status == FINISHED and dist.is_main:
         try:
             plot_run(out)
         except ImportError as err:  # matplotlib is optional where the run happens; --report draws it later
             tqdm.write(f"no reward curve: {err}")
+    dist.barrier()  # every file written before any process reads them
     return RunResult(out, read_jsonl(out / METRICS), read_jsonl(out / EVALS), time.time() - started,
                      read_jsonl(out / SAMPLES), status, last_step)

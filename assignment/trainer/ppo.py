@@ -176,7 +176,8 @@ def early_stop_bound(cfg: PPOConfig) -> float | None:
 def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: Any, batch: dict[str, Any], cfg: Config, generator: torch.Generator,
                progress: Any = None,
-               around: Callable[[dict[str, Any]], ContextManager[dict[str, float]]] | None = None) -> dict[str, float]:
+               around: Callable[[dict[str, Any]], ContextManager[dict[str, float]]] | None = None,
+               minibatch_size: int | None = None, agree: Callable[[float], float] | None = None) -> dict[str, float]:
     """``cfg.ppo.epochs`` passes of shuffled minibatches through ``impl.ppo_minibatch_update``.
 
     ``batch`` is the minibatch dict of the contract (handout.md section 4, exercise 5), for the whole rollout (B rows). The
@@ -197,6 +198,11 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     ``around(minibatch)``, when given, is a context manager around each minibatch's call (GRPO's
     ``grpo.policy_loss_swap``); the dict it yields is merged into that minibatch's metrics. PPO
     passes none.
+
+    Data-parallel (``assignment.trainer.distributed``): ``batch`` is this process's rows,
+    ``minibatch_size`` its share of ``ppo.minibatch_size``, and ``agree`` averages a figure over
+    the processes: the early stop reads the averaged approx_kl, so that all of them stop after
+    the same minibatch (DDP needs every process in every backward).
     """
     update_cfg = UpdateConfig.from_config(cfg)
     accum, bound = cfg.ppo.grad_accum_steps, early_stop_bound(cfg.ppo)
@@ -206,7 +212,7 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     optimizer.zero_grad()
     ran, stopped, first = 0, False, {}
     for _ in range(cfg.ppo.epochs):
-        for i, minibatch in enumerate(minibatches(batch, cfg.ppo.minibatch_size, generator)):
+        for i, minibatch in enumerate(minibatches(batch, minibatch_size or cfg.ppo.minibatch_size, generator)):
             step_optimizer = (i + 1) % accum == 0
             if around is None:
                 metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
@@ -224,7 +230,9 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
             ran += 1
             if progress is not None:
                 progress.update(1)
-            stopped = bound is not None and float(metrics["stats/approx_kl"]) > bound
+            if bound is not None:
+                approx_kl = float(metrics["stats/approx_kl"])
+                stopped = (approx_kl if agree is None else agree(approx_kl)) > bound
             if stopped:
                 break
         if stopped:

@@ -62,13 +62,14 @@ class Progress:
     invocation still tells how long it ran up to its last finished step or evaluation batch.
 
     Each entry holds the command, whether it resumed, when it started, the host, torch,
-    transformers and the device, and, kept current: ``seconds`` (wall time so far),
+    transformers, the device, ``world_size`` (the processes of a data-parallel job, 1 for a
+    plain run) and, kept current: ``seconds`` (wall time so far),
     ``train_seconds`` and ``eval_seconds`` (time in PPO steps and in evaluations), ``step`` (the
     last finished PPO step) and ``status`` ("running" until the invocation ends, then "finished"
     or "time_limit"; an invocation killed from outside stays "running").
     """
 
-    def __init__(self, out: Path, command: str | None, resume: bool):
+    def __init__(self, out: Path, command: str | None, resume: bool, world_size: int = 1):
         import platform
 
         import torch
@@ -79,7 +80,7 @@ class Progress:
         device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
         self.entry = {"command": command, "resume": resume, "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                       "host": platform.node(), "torch": torch.__version__, "transformers": transformers.__version__,
-                      "device": device, "status": "running"}
+                      "device": device, "world_size": world_size, "status": "running"}
         self.times: dict[str, float] = defaultdict(float)
         self.runs.append(self.entry)
         self.write()

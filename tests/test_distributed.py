@@ -1,0 +1,114 @@
+"""The data-parallel trainer (``assignment.trainer.distributed``) on CPU: two processes of one job
+through ``accelerate launch`` (gloo) against one plain process.
+
+accelerate 1.15 starts several CPU processes only through torch's launcher: ``--cpu`` selects its
+single-process launcher (several CPU processes there need MPI), so these tests launch with
+``--multi_gpu`` and ``ACCELERATE_USE_CPU=1``, on which accelerate builds a gloo process group.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from assignment.trainer import cli
+from assignment.trainer.config import ConfigError, load_config
+from assignment.trainer.distributed import Distributed, WorldSizeError
+from assignment.trainer.runlog import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCELERATE = Path(sys.executable).parent / "accelerate"
+TINY = ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", "ppo.epochs=2",
+        "rollout.max_new_tokens=4", "eval.size=8", "eval.batch_size=3", "train.progress=false",
+        "train.num_samples=8", "train.sample_every=1", "train.tensorboard=false", "train.cpu_threads=1"]
+
+# float32 unit roundoff, and the longest chain of float32 reductions a weight's gradient passes
+# through in the tiny model: per layer forward and backward, the hidden (32), intermediate (64) and
+# attention (8 positions) sums and the vocabulary's (25 < 64) softmax, over 2 layers and the head,
+# then the sum over B*T = 20 response tokens: K <= 4 * 2 * (32 + 64 + 8 + 64) + 20 < 1400. Two
+# processes compute each row in batches of 2 instead of 4, so their per-row sums may round
+# differently, and DDP adds one rounding in the average. With SGD (weights - lr * g) a weight's
+# difference is then bounded by K * u times the size of its update, which is lr * |g|.
+U, K = 2.0 ** -24, 1400
+
+
+def launch(*argv: str, processes: int = 2) -> subprocess.CompletedProcess:
+    with socket.socket() as s:  # a free port: two tests must not meet at accelerate's default 29500
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    command = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
+               "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port), *argv]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_single_process_step(tmp_path):
+    subprocess.run([sys.executable, "tests/distributed_check.py", str(tmp_path / "one.pt")], cwd=ROOT, check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    launch("tests/distributed_check.py", str(tmp_path / "two.pt"))
+    one, two = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in ("one", "two"))
+    assert (one["world_size"], two["world_size"]) == (1, 2)
+    # The gathered inputs are bit-for-bit the single process's and exercise 4 runs on them alike:
+    # equal, on every real token (padding columns are the exercise's own business).
+    assert torch.equal(one["mask"], two["mask"])
+    assert torch.equal(one["advantages"][one["mask"]], two["advantages"][two["mask"]])
+    worst_ratio, half_ratio = 0.0, 0.0
+    for name, after in one["weights"].items():
+        moved = (after - one["weights_before"][name]).abs().max().item()
+        tolerance = K * U * moved
+        error = (after - two["weights"][name]).abs().max().item()
+        assert error <= tolerance, f"{name}: two processes differ by {error:.3g} > {tolerance:.3g}"
+        if moved:
+            worst_ratio = max(worst_ratio, error / tolerance)
+            half_ratio = max(half_ratio, (after - one["weights_half"][name]).abs().max().item() / tolerance)
+    # Without gradient averaging (one process's rows alone) the weights land far outside it.
+    assert half_ratio > 100, half_ratio
+    assert one["records"] == two["records"] and len(one["records"]) == 7
+
+
+@pytest.mark.slow
+def test_two_processes_train_resume_and_refuse_another_job_size(tmp_path, capsys):
+    run = tmp_path / "run"
+    launch("-m", "assignment.trainer", "--impl", "solutions/exercises.py", *TINY, "train.steps=2",
+           f"train.output_dir={run}")
+    done = launch("-m", "assignment.trainer", "--resume", str(run), "train.steps=4")
+    assert done.stdout.count("status: finished") == 1  # one job, one summary
+    entries = json.loads((run / "run.json").read_text())
+    assert [(e["world_size"], e["status"], e["resume"]) for e in entries] == [(2, "finished", False), (2, "finished", True)]
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4]
+    # The whole batch's figures: every one of the 8 responses is in samples.jsonl, and the logged
+    # reward mean is theirs, not one process's 4.
+    for m in metrics:
+        rewards = [s["reward"] for s in read_jsonl(run / "samples.jsonl") if s["step"] == m["step"]]
+        assert len(rewards) == 8 and m["rollout/reward_mean"] == pytest.approx(sum(rewards) / 8, abs=1e-6)
+        assert abs(m["stats/approx_kl_first"]) < 1e-5  # ratio 1 at the first minibatch, through DDP
+    evals = read_jsonl(run / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2, 4] and all(e["eval/n"] == 8 for e in evals)
+    assert len(read_jsonl(run / "eval_samples" / "step_4.jsonl")) == 8
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["world_size"] == 2
+    # A plain process cannot continue it: the batch split and RNG streams belong to 2 processes.
+    assert cli.main(["--resume", str(run), "train.steps=5"]) == 2
+    assert "written by 2 process(es), this job has 1" in capsys.readouterr().err
+
+
+def test_a_global_batch_that_does_not_split_is_a_config_error():
+    dist = Distributed()
+    dist.world_size = 3  # as a job of 3 processes would see it
+    with pytest.raises(ConfigError, match="divisible by the number of processes \\(3\\)"):
+        dist.check(load_config(None, ["rollout.batch_size=8", "ppo.minibatch_size=4"]))
+
+
+def test_a_single_process_checkpoint_is_refused_by_a_larger_job():
+    dist = Distributed()
+    dist.world_size = 2
+    with pytest.raises(WorldSizeError, match="written by 1 process"):
+        dist.restore_rng({"rng": None})  # a checkpoint from before world_size was recorded: 1 process
