@@ -184,9 +184,9 @@ class Run:
     deadline: Deadline
     saved_step: int | None = None  # the step of the checkpoint on disk (None: none yet)
     sampler: PreTrainedModel | None = None  # rollout.generation_dtype's copy of policy.lm (None: policy.lm samples)
-    first_kl_warned: bool = False  # the approx_kl_first warning is printed once per invocation
     dist: Distributed | None = None  # the job's processes (None: this one alone)
     model: torch.nn.Module | None = None  # what the update trains: policy, or its DDP wrapper (None: policy)
+    first_kl_warned: bool = False  # the approx_kl_first warning is printed once per invocation
 
 
 def open_run_dir(cfg: Config, resume: bool) -> Path:
