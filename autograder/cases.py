@@ -67,7 +67,7 @@ class Case:
         none. Every (B, ...) tensor loses those rows; the real tokens stay as they are."""
         mask = self.mask
         keep = mask.any(1)
-        if bool(keep.all()):
+        if bool(keep.all()) or not bool(keep.any()):  # nothing to drop, or nothing would be left
             return None
         B = mask.shape[0]
         tensors = {k: (t[keep] if t.dim() >= 1 and t.shape[0] == B else t) for k, t in self.tensors.items()}

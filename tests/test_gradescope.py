@@ -138,7 +138,10 @@ def gradescope(tmp_path_factory):
 
 def test_the_solution_gets_full_marks_in_the_user_sandbox(gradescope):
     data = gradescope["solution"]
-    assert data["score"] == 100, [t["name"] for t in data["tests"] if t["score"] < t["max_score"]]
+    # Part I's 100 and Part II's bonus beyond it: the Gradescope zip grades both
+    assert data["extra_data"]["part_one_score"] == 100 and data["extra_data"]["bonus_score"] == \
+        data["extra_data"]["bonus_max"] > 0, [t["name"] for t in data["tests"] if t["score"] < t["max_score"]]
+    assert data["score"] == 100 + data["extra_data"]["bonus_max"]
     assert data["extra_data"]["sandbox"] == "user" and data["extra_data"]["network"] == "seccomp"
 
 
@@ -156,7 +159,10 @@ def test_a_symlink_to_the_solution_gets_zero_and_says_why(gradescope):
 @pytest.mark.parametrize("name", ["reader", "stealer"])
 def test_staff_files_stay_unreadable_and_nothing_of_the_solution_leaks(gradescope, name):
     data = gradescope[name]
-    assert data["score"] == 0
+    # nothing of Part I, the part they tried to read or steal (the stealer carries Part II's
+    # answer-key code as its own, honestly graded: the corpus's attacks replace Part I alone)
+    assert data["extra_data"]["part_one_score"] == 0
+    assert data["score"] == (0 if name == "reader" else data["extra_data"]["bonus_max"])
     text = json.dumps(data)
     leaked = [line for line in release.solution_lines() if json.dumps(line)[1:-1] in text]
     assert not leaked, leaked[:3]
