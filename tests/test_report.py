@@ -165,3 +165,51 @@ def test_metric_ranges_recomputes_the_handouts_figures(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
     text = "\n".join(report("tiny", tmp_path))
     assert "| stats/approx_kl | 0.025 |" in text and "- step 3, operands 0-2: reward 0.200 -> 0.300" in text
+
+
+def _ablation_folder(root: Path, name: str, algorithm: str, after: list[int], after_lengths: list[int],
+                     after_finished: list[bool]) -> Path:
+    """A report folder by hand: 12 steps of metrics and 4 problems evaluated before and after."""
+    folder = root / name
+    folder.mkdir()
+    (folder / "config.yaml").write_text(f"algorithm: {algorithm}\n")
+    metrics = [{"step": s, "rollout/reward_mean": s / 100, "rollout/response_length": 200 + s,
+                "rollout/kl": float(s)} for s in range(1, 13)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+
+    def records(correct, lengths, finished):
+        return "".join(json.dumps({"question": f"q{i}", "correct": bool(c), "length": n, "finished": f}) + "\n"
+                       for i, (c, n, f) in enumerate(zip(correct, lengths, finished)))
+
+    (folder / "eval_before.jsonl").write_text(records([1, 0, 0, 0], [10, 20, 30, 40], [True] * 4))
+    (folder / "eval_after.jsonl").write_text(records(after, after_lengths, after_finished))
+    return folder
+
+
+def test_compare_tables_pair_each_run_with_its_start_and_with_every_other_run(tmp_path):
+    from assignment.trainer.ablation import compare_tables
+
+    a = _ablation_folder(tmp_path, "a", "grpo", [1, 1, 0, 0], [10, 12, 50, 60], [True, True, False, True])
+    b = _ablation_folder(tmp_path, "b", "dr_grpo", [0, 1, 1, 0], [15, 25, 35, 45], [True] * 4)
+    rows = compare_tables([a, b]).splitlines()
+    # a: 1 -> 2 of 4 right (problem 1 improved, none regressed: p = 1); rewards over steps 1-10 and
+    # 3-12: 0.055 and 0.075; lengths 205.5 / 207.5 sampled, 25 -> 33 greedy; 1 of 4 cut; KL 7.5 (12).
+    assert "| a (grpo) | 25.0% -> 50.0% (4) | 1 / 0, p = 1 | 0.055 / 0.075 | 206 / 208 | 25 -> 33 | 25.0% | 7.5 (12.0) |" in rows
+    # b: problem 0 regressed, 1 and 2 improved.
+    assert "| b (dr_grpo) | 25.0% -> 50.0% (4) | 2 / 1, p = 1 | 0.055 / 0.075 | 206 / 208 | 25 -> 30 | 0.0% | 7.5 (12.0) |" in rows
+    # After training a solves problem 0 that b misses, b solves problem 2 that a misses.
+    assert "| a (grpo) | b (dr_grpo) | 1 | 1 | 1 |" in rows
+    # Length by outcome: a's right answers 10 (1) -> (10 + 12) / 2 (2); wrong 30 (3) -> (50 + 60) / 2 (2).
+    assert "| a (grpo) | 10 (1) -> 11 (2) | 30 (3) -> 55 (2) |" in rows
+    assert "| b (dr_grpo) | 10 (1) -> 30 (2) | 30 (3) -> 30 (2) |" in rows
+
+
+def test_compare_tables_refuse_to_pair_runs_on_different_problems(tmp_path):
+    from assignment.trainer.ablation import compare_tables
+
+    a = _ablation_folder(tmp_path, "a", "grpo", [1, 1, 0, 0], [10] * 4, [True] * 4)
+    b = _ablation_folder(tmp_path, "b", "grpo", [1, 1, 0, 0], [10] * 4, [True] * 4)
+    after = (b / "eval_after.jsonl").read_text().replace('"q3"', '"other"')
+    (b / "eval_after.jsonl").write_text(after)
+    (b / "eval_before.jsonl").write_text((b / "eval_before.jsonl").read_text().replace('"q3"', '"other"'))
+    assert "| a (grpo) | b (grpo) | not the same problems | | |" in compare_tables([a, b]).splitlines()

@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--staging-seconds", type=float, metavar="S",
                         help="with --report: device time spent staging the model and data (measured outside the run)")
     parser.add_argument("--compare", nargs="+", metavar="RUN_DIR",
-                        help="draw the reward, response length and KL per step of these runs on one figure and exit")
+                        help="draw the reward, response length and KL per step of these runs (run directories or "
+                             "--report folders) on one figure, print their evaluations side by side, and exit")
     parser.add_argument("--compare-out", metavar="PATH", default="comparison.png",
                         help="where --compare writes its figure (default: comparison.png)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. ppo.lr=1e-5")
@@ -75,13 +76,19 @@ def main(argv: list[str] | None = None) -> int:
     impl_spec = args.impl or (_impl_of_run(Path(args.resume)) if args.resume else None) or "assignment"
     try:
         if args.compare:
+            from assignment.trainer.ablation import compare_tables
             from assignment.trainer.runlog import compare_runs
 
+            folders = [Path(d) for d in args.compare]
             try:
-                print(f"wrote {compare_runs([Path(d) for d in args.compare], Path(args.compare_out))}")
+                print(f"wrote {compare_runs(folders, Path(args.compare_out))}")
             except ImportError as err:  # matplotlib is in the train extra, not the cpu one
                 print(f"ppo-train: --compare draws with matplotlib ({err}): pip install matplotlib", file=sys.stderr)
                 return 2
+            try:
+                print(compare_tables(folders), end="")
+            except FileNotFoundError as err:  # runs without a greedy evaluation before and after: the figure alone
+                print(f"no tables: {err}")
             return 0
         if args.report:
             from assignment.trainer.report import write_report

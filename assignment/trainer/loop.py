@@ -385,13 +385,20 @@ def rollout_metrics(rollout: Rollout, final_rewards: torch.Tensor, scores: list[
                     kl_coeff: float) -> dict[str, float]:
     """The rollout/* metrics of one batch; ``kl_coeff`` is the coefficient its penalties used."""
     responses = rollout.sample
+    lengths = responses.response_mask.sum(dim=-1).float()  # (B,)
+    correct = torch.tensor([scored.correct for scored in scores], dtype=torch.bool, device=lengths.device)
+    # By outcome: the length bias GRPO's per-response normalisation is blamed for shows in the
+    # length of wrong answers (handout.md section 8). Absent from a step with no answer of a kind.
+    by_outcome = {f"rollout/length_{name}": float(lengths[which].mean())
+                  for name, which in (("correct", correct), ("wrong", ~correct)) if bool(which.any())}
     return {
         "rollout/reward_mean": float(final_rewards.mean()),
         "rollout/reward_std": float(final_rewards.std()),
         "rollout/correct_rate": float(np.mean([scored.correct for scored in scores])),
         "rollout/format_rate": float(np.mean([scored.formatted for scored in scores])),
         "rollout/reasoning_rate": float(np.mean([scored.reasoning for scored in scores])),
-        "rollout/response_length": float(responses.response_mask.sum(dim=-1).float().mean()),
+        "rollout/response_length": float(lengths.mean()),
+        **by_outcome,
         "rollout/truncated_rate": float(1.0 - responses.finished.float().mean()),
         "rollout/kl": float(sequence_kl(rollout.logprobs, rollout.ref_logprobs, responses.response_mask).mean()),
         "rollout/kl_coeff": kl_coeff,

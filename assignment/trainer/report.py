@@ -34,6 +34,7 @@ from assignment.trainer.stats import mcnemar_exact
 # run: beside the step means they show at a glance that the update's ratio started at 1. A run
 # logged before they existed simply has no row for them.
 TRAINING_KEYS = ["rollout/reward_mean", "rollout/correct_rate", "rollout/format_rate", "rollout/response_length",
+                 "rollout/length_correct", "rollout/length_wrong",
                  "rollout/truncated_rate", "rollout/kl", "rollout/kl_coeff", "stats/approx_kl",
                  "stats/approx_kl_first", "stats/policy_clipfrac", "stats/policy_clipfrac_first",
                  "stats/advantage_max", "loss/value", "time/rollout", "time/update", "memory/peak_memory_gib"]
@@ -113,7 +114,7 @@ def summarize(run_dir: Path, staging_seconds: float | None = None, pair: tuple |
     first, last = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
     seconds = _wall_time(runs, staging_seconds)
     return {
-        "card": " / ".join(dict.fromkeys(r["device"] for r in runs)), "n": test.n, "n_planned": planned,
+        "card": " / ".join(dict.fromkeys(r["device"] for r in runs)), "algorithm": cfg.algorithm, "n": test.n, "n_planned": planned,
         "steps": len(metrics), "eval_steps": [step_before, step_after],
         "accuracy_before": fig_before["accuracy"], "accuracy_after": fig_after["accuracy"],
         "improved": test.c, "regressed": test.b, "mcnemar_p": test.p_value,
@@ -163,7 +164,8 @@ def _headline(summary: dict, run_dir: Path) -> list[str]:
               "nats/sequence")
     missing = (f" ({t['invocations_without_time']} invocation(s) recorded no time: the sum misses them)"
                if t["invocations_without_time"] else "")
-    return [f"# PPO run report: {run_dir.name}", "", f"**Card: {s['card']}.** Every figure below is computed from the "
+    algorithm = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO"}[s.get("algorithm", "ppo")]
+    return [f"# {algorithm} run report: {run_dir.name}", "", f"**Card: {s['card']}.** Every figure below is computed from the "
             "files of the folder beside this report (`summary.json` lists them).", "",
             "| figure | value |", "|---|---|",
             f"| greedy accuracy, {_problems(s)} | {s['accuracy_before']:.4f} -> {s['accuracy_after']:.4f} "
@@ -175,7 +177,7 @@ def _headline(summary: dict, run_dir: Path) -> list[str]:
             f"| KL to the reference (nats/sequence), last step / max | {s['kl_final']:.2f} / {s['kl_max']:.2f}; {target}, "
             f"coefficient {_num(budget['coeff_start'], 4)} -> {_num(budget['coeff_end'], 4)} |",
             f"| updates stopped early (target_kl) / skipped (no reward spread) | {s['early_stops']} / {s['skipped_updates']} of {s['steps']} |",
-            f"| peak GPU memory (torch allocator), PPO step / evaluation | {_num(s['peak_memory_gib_step'])} GiB / "
+            f"| peak GPU memory (torch allocator), training step / evaluation | {_num(s['peak_memory_gib_step'])} GiB / "
             f"{_num(s['peak_memory_gib_eval'])} GiB |",
             f"| wall time | staging {staging}; training {t['training']:.0f} s; evaluation {t['evaluation']:.0f} s; "
             f"other (loading, checkpoints) {t['other']:.0f} s; run total {t['wall']:.0f} s{missing} |", ""]
@@ -194,7 +196,7 @@ def _num(value: float | None, digits: int = 1) -> str:
 
 def _training_table(metrics: list[dict]) -> list[str]:
     first, last = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
-    lines = [f"## Training (mean of the first and last {REWARD_WINDOW} PPO steps)", "",
+    lines = [f"## Training (mean of the first and last {REWARD_WINDOW} steps)", "",
              "| metric | first | last | last / first |", "|---|---|---|---|"]
     for key in TRAINING_KEYS:
         first_mean, last_mean = _mean(first, key), _mean(last, key)

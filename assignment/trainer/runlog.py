@@ -246,14 +246,14 @@ COMPARED = (("rollout/reward_mean", "training reward (batch mean)"),
 
 
 def run_label(out: Path) -> str:
-    """A run's name in a comparison: its folder, and its algorithm when config.yaml names one."""
+    """A run's name in a comparison: its folder, and its algorithm where it has a config.yaml (one
+    written before Part II names none: those runs were PPO)."""
     config = out / "config.yaml"
-    algorithm = None
-    if config.is_file():
-        from omegaconf import OmegaConf  # lazily: this module imports without the trainer's dependencies
+    if not config.is_file():
+        return out.name
+    from omegaconf import OmegaConf  # lazily: this module imports without the trainer's dependencies
 
-        algorithm = OmegaConf.load(config).get("algorithm")
-    return f"{out.name} ({algorithm})" if algorithm else out.name
+    return f"{out.name} ({OmegaConf.load(config).get('algorithm', 'ppo')})"
 
 
 def draw_comparison(runs: list[tuple[str, list[dict[str, Any]]]]) -> Any:

@@ -1,0 +1,104 @@
+"""Several runs side by side: the tables behind an ablation (``ppo-train --compare DIR...``).
+
+Each ``DIR`` is a run directory (``ppo-train`` output) or a report folder (``ppo-train --report``
+output: ``eval_before.jsonl`` and ``eval_after.jsonl`` beside ``metrics.jsonl``). From the files
+alone it computes, as Markdown:
+
+- one row per run: its algorithm, greedy accuracy before -> after with the exact McNemar test,
+  training reward, sampled and greedy response length, KL to the reference;
+- every pair of runs after training, on the same problems: the exact McNemar test of run A's
+  outcomes against run B's (which problems one solves and the other does not);
+- greedy response length split by outcome, before and after: the length-bias question of
+  GRPO vs Dr. GRPO (handout.md section 8) is about how the length of *wrong* answers moves.
+
+The figure of reward, length and KL per step is ``runlog.compare_runs``'s.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+from assignment.trainer.report import eval_pair
+from assignment.trainer.runlog import METRICS, REWARD_WINDOW, read_jsonl, run_label
+from assignment.trainer.stats import McNemar, mcnemar_exact
+
+
+def evaluations(folder: Path) -> tuple[list[dict], list[dict]]:
+    """The per-problem greedy records before and after training of a report folder or a run
+    directory (the same problems, in order). Raises FileNotFoundError where there are none."""
+    before, after = folder / "eval_before.jsonl", folder / "eval_after.jsonl"
+    if before.is_file() and after.is_file():
+        return read_jsonl(before), read_jsonl(after)
+    first, last, *_ = eval_pair(folder)
+    return first, last
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _window(metrics: list[dict], key: str, last: bool) -> float | None:
+    rows = metrics[-REWARD_WINDOW:] if last else metrics[:REWARD_WINDOW]
+    return _mean([m[key] for m in rows if key in m])
+
+
+def _length_by_outcome(records: list[dict], correct: bool) -> tuple[float | None, int]:
+    lengths = [r["length"] for r in records if bool(r["correct"]) == correct and "length" in r]
+    return _mean(lengths), len(lengths)
+
+
+def _f(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _p(test: McNemar) -> str:
+    return f"{test.p_value:.2g}"
+
+
+def compare_tables(folders: list[Path]) -> str:
+    """The three Markdown tables above for ``folders`` (each a run directory or report folder)."""
+    runs: list[dict[str, Any]] = []
+    for folder in folders:
+        metrics = read_jsonl(folder / METRICS)
+        if not metrics:
+            raise FileNotFoundError(f"{folder} holds no {METRICS}: not a run directory or report folder")
+        before, after = evaluations(folder)
+        runs.append({"label": run_label(folder), "metrics": metrics, "before": before, "after": after,
+                     "test": mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after])})
+
+    w = REWARD_WINDOW
+    lines = [f"| run | greedy accuracy (n) | improved / regressed, McNemar p | training reward, first / last {w} steps "
+             f"| sampled length, first / last {w} | greedy length before -> after | greedy answers cut at the limit, "
+             f"after | KL nats/seq, last {w} (max) |", "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        m, t, after = run["metrics"], run["test"], run["after"]
+        kl_max = max((x["rollout/kl"] for x in m if "rollout/kl" in x), default=None)
+        lengths = [_mean([r["length"] for r in records if "length" in r]) for records in (run["before"], after)]
+        cut = sum(not r.get("finished", True) for r in after) / len(after)
+        lines.append(
+            f"| {run['label']} | {t.before / t.n:.1%} -> {t.after / t.n:.1%} ({t.n}) | {t.c} / {t.b}, p = {_p(t)} "
+            f"| {_f(_window(m, 'rollout/reward_mean', False), '.3f')} / {_f(_window(m, 'rollout/reward_mean', True), '.3f')} "
+            f"| {_f(_window(m, 'rollout/response_length', False), '.0f')} / {_f(_window(m, 'rollout/response_length', True), '.0f')} "
+            f"| {_f(lengths[0], '.0f')} -> {_f(lengths[1], '.0f')} | {cut:.1%} "
+            f"| {_f(_window(m, 'rollout/kl', True), '.1f')} ({_f(kl_max, '.1f')}) |")
+
+    lines += ["", "After training, run A against run B on the same problems (exact McNemar test):", "",
+              "| A | B | A right, B wrong | A wrong, B right | p |", "|---|---|---|---|---|"]
+    for a, b in combinations(runs, 2):
+        if [r["question"] for r in a["after"]] != [r["question"] for r in b["after"]]:
+            lines.append(f"| {a['label']} | {b['label']} | not the same problems | | |")
+            continue
+        t = mcnemar_exact([r["correct"] for r in b["after"]], [r["correct"] for r in a["after"]])
+        lines.append(f"| {a['label']} | {b['label']} | {t.c} | {t.b} | {_p(t)} |")
+
+    lines += ["", "Greedy response length (tokens) by outcome, before -> after training (how many answers):", "",
+              "| run | correct answers | wrong answers |", "|---|---|---|"]
+    for run in runs:
+        cells = []
+        for correct in (True, False):
+            (l0, n0), (l1, n1) = (_length_by_outcome(run[k], correct) for k in ("before", "after"))
+            cells.append(f"{_f(l0, '.0f')} ({n0}) -> {_f(l1, '.0f')} ({n1})")
+        lines.append(f"| {run['label']} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
