@@ -18,7 +18,8 @@ from pathlib import Path
 from course import stubs
 
 ROOT = stubs.ROOT
-STUDENT_FILES = ("assignment", "configs", "tests/public", "tests/conftest.py", "handout.md")
+# The ablation's measured curves: handout section 8 gives them to compare a student's runs against.
+STUDENT_FILES = ("assignment", "configs", "tests/public", "tests/conftest.py", "handout.md", "reports/gsm8k_ablation.png")
 # What the grader needs on Gradescope (README.md: pyproject.toml names it as the readme).
 AUTOGRADER_FILES = ("assignment", "solutions", "autograder", "grading.yaml", "pyproject.toml", "README.md")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
