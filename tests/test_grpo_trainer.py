@@ -166,3 +166,28 @@ def test_the_cli_names_an_update_that_bypasses_the_module_name(tmp_path, capsys)
     code = cli.main(["--impl", str(imported), *TINY, *GRPO_TINY, f"train.output_dir={tmp_path / 'run'}"])
     err = capsys.readouterr().err
     assert code == 2 and "hint 5.3" in err and "Traceback" not in err, err
+
+
+def test_rollout_metrics_split_the_length_by_outcome():
+    """rollout/length_correct and rollout/length_wrong: the mean real length of the right and of
+    the wrong responses (the curve of the Dr. GRPO paper), absent when no response is of a kind."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from assignment.trainer.loop import rollout_metrics
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])  # lengths 2, 4, 1, 3
+    zeros = torch.zeros(4, 4)
+    rollout = SimpleNamespace(sample=SimpleNamespace(response_mask=mask, finished=torch.ones(4, dtype=torch.bool)),
+                              logprobs=zeros, ref_logprobs=zeros, values=zeros)
+
+    def metrics(correct):
+        scores = [SimpleNamespace(correct=c, formatted=True, reasoning=True) for c in correct]
+        return rollout_metrics(rollout, torch.tensor(correct, dtype=torch.float32), scores, 0.0)
+
+    m = metrics([True, False, False, True])
+    assert (m["rollout/length_correct"], m["rollout/length_wrong"], m["rollout/response_length"]) == (2.5, 2.5, 2.5)
+    m = metrics([False, True, False, False])
+    assert (m["rollout/length_correct"], m["rollout/length_wrong"]) == (4.0, 2.0)
+    assert "rollout/length_correct" not in metrics([False] * 4) and "rollout/length_wrong" not in metrics([True] * 4)
