@@ -39,7 +39,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 def save(out: Path, step: int, policy: dict[str, Any], optimizer: dict[str, Any], scheduler: Any,
          extra: dict[str, Any]) -> Path:
     """Write the checkpoint of ``step``: ``policy`` and ``optimizer`` are their full state dicts
-    (``Distributed.full_state``), ``extra`` the trainer's small states (KL controller,
+    (``Distributed.model_state``, ``optimizer_state``), ``extra`` the trainer's small states (KL controller,
     curriculum) by name."""
     path = out / FILENAME
     tmp = out / (FILENAME + ".tmp")

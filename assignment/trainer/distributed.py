@@ -33,8 +33,9 @@ that all processes must make together. So under FSDP:
       records (``sharded_eval_batches``);
     - exercise 5 is unchanged: ``clip_grad_norm_`` over sharded parameters returns a replicated
       DTensor, whose ``.item()`` and ``torch.isfinite`` are the whole model's norm (tested);
-    - a checkpoint holds the full state dicts of the policy and the optimizer (``full_state``),
-      loaded back into the shards on resume (``load_state``), which needs the same launch.
+    - a checkpoint holds the full state dicts of the policy and the optimizer (``model_state``,
+      ``optimizer_state``), loaded back into the shards on resume (``load_state``); the optimizer's
+      is keyed by parameter name, so the resume needs the same launch (FSDP, as many processes).
 Tested on CPU (gloo, 2 processes) only.
 """
 
@@ -117,7 +118,7 @@ class Distributed:
 
         accelerator = Accelerator()
         if accelerator.distributed_type not in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
-            raise ConfigError(f"the trainer runs data-parallel (DDP) only, not {accelerator.distributed_type}: "
+            raise ConfigError(f"the trainer runs data-parallel (DDP or FSDP2) only, not {accelerator.distributed_type}: "
                               "see the README's 'More GPUs'")
         if accelerator.mixed_precision != "no":  # autocast would change the log-probs the ratio compares
             raise ConfigError("accelerate's mixed_precision must be 'no': the trainer sets its own dtypes "
@@ -193,19 +194,23 @@ class Distributed:
 
     # --- checkpoints ---------------------------------------------------------------------
 
-    def full_state(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-        """The full state dicts of the policy and its optimizer, as a checkpoint holds them. Under
-        FSDP every process must call it (the shards are gathered, onto the CPU of the main process
-        alone: the others get empty dicts); elsewhere the plain ``state_dict``s (DDP keeps them
-        equal on every process)."""
+    def model_state(self, policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The policy's full state dict, as a checkpoint holds it. Under FSDP every process must call
+        it (the shards are gathered, onto the CPU of the main process alone: the others get an
+        empty dict); elsewhere the plain ``state_dict`` (DDP keeps it equal on every process)."""
         if not self.fsdp:
-            return policy.state_dict(), optimizer.state_dict()
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return (get_model_state_dict(policy, options=options),
-                get_optimizer_state_dict(policy, optimizer, options=options))
+            return policy.state_dict()
+        return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def optimizer_state(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's full state dict, as ``model_state`` (under FSDP keyed by parameter name)."""
+        if not self.fsdp:
+            return optimizer.state_dict()
+        return get_optimizer_state_dict(policy, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_state(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
-        """Load a checkpoint's full state dicts (``full_state``) into the policy and its optimizer:
+        """Load a checkpoint's full state dicts (``model_state``, ``optimizer_state``) into the policy and its optimizer:
         under FSDP each process keeps its own shards of them (every process must call it)."""
         if not self.fsdp:
             policy.load_state_dict(state["policy"])

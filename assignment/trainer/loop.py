@@ -269,7 +269,7 @@ def save(run: Run, step: int) -> None:
     """Checkpoint ``run`` as of ``step``: what ``restore`` loads."""
     extra = {"kl": run.kl_ctl.state_dict(), "curriculum": run.curriculum.state_dict(), **run.dist.checkpoint_extra()}
     # Every process takes part in gathering the full states (FSDP); the main one writes them.
-    policy_state, optimizer_state = run.dist.full_state(run.policy, run.optimizer)
+    policy_state, optimizer_state = run.dist.model_state(run.policy), run.dist.optimizer_state(run.policy, run.optimizer)
     run.dist.on_main(lambda: checkpoint.save(run.out, step, policy_state, optimizer_state, run.scheduler, extra))
     run.saved_step = step
 
