@@ -59,7 +59,8 @@ R = TypeVar("R")
 
 
 class WorldSizeError(ValueError):
-    """A run resumed with another number of processes than it was started with."""
+    """A run resumed by another job than it was started with: another number of processes, or
+    with FSDP against without."""
 
 
 class Distributed:

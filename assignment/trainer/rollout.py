@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -227,8 +228,6 @@ def refresh_copy(sampler: PreTrainedModel, lm: PreTrainedModel) -> None:
     in both, so they are copied once). A sharded ``lm`` (FSDP) gives its full weights, gathered
     from every process: all of them must call this together."""
     if is_sharded(lm):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         sampler.load_state_dict(get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True)))
         return
     for target, source in zip(sampler.parameters(), lm.parameters(), strict=True):
