@@ -4,13 +4,17 @@ test compares to ``OUT`` (a torch file):
 
     advantages: (B, T) exercise 4 on the gathered rollout (``whole_rollout``), from rows whose
         response lengths differ between the processes (each pads only to its own T_r);
+    grad_norm: that minibatch's gradient norm, as exercise 5 returns it (a float, under FSDP too);
     weights: the policy's parameters after one PPO minibatch on the same global batch (B rows of
-        equal length, so per-process token means average to the global one), through DDP;
+        equal length, so per-process token means average to the global one), through DDP or FSDP;
     weights_half: (one process only) the same update from the first half of the rows alone, what
         a run without gradient averaging would give: the test's proof that it can fail;
     records: evaluation records of 7 problems in batches of 3 (uneven splits), gathered in order.
 
     python tests/distributed_check.py OUT
+
+Launched with ``configs/accelerate/fsdp.yaml``, the update trains the policy sharded by FSDP2 and
+the evaluation generates from a sharded policy.
 """
 
 from __future__ import annotations
@@ -72,7 +76,8 @@ def main(out: Path) -> None:
     result["advantages"], result["mask"] = advantages, whole.sample.response_mask
 
     # One PPO minibatch of the global batch, every response of length T, through DDP.
-    def update(rows: slice, minibatch_size: int) -> dict[str, torch.Tensor]:
+    def update(rows: slice, minibatch_size: int) -> tuple[dict[str, torch.Tensor], float]:
+        """The weights after the update, and its gradient norm (exercise 5's, before clipping)."""
         policy_copy = build_models(cfg.model, tokenizer, 0, torch.device("cpu"))[0]
         part = rollout_rows(policy_copy, ref, ids, torch.ones(B, T, dtype=torch.bool), rows)
         with torch.no_grad():  # a fixed advantage per row: the reward, centred over the global batch
@@ -80,19 +85,23 @@ def main(out: Path) -> None:
         model = dist.wrap(policy_copy)  # DDP in a job of several processes, the policy itself in one
         optimizer = torch.optim.SGD(policy_copy.parameters(), lr=LR)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-        ppo_update(impl, model, optimizer, scheduler, part.update_batch(adv, part.values), cfg,
+        metrics = ppo_update(impl, model, optimizer, scheduler, part.update_batch(adv, part.values), cfg,
                    torch.Generator().manual_seed(1), minibatch_size=minibatch_size,
                    agree=dist.mean if dist.active else None)
-        return {name: param.detach().clone() for name, param in policy_copy.named_parameters()}
+        # the full weights (FSDP gathers its shards; on the main process alone, which saves them)
+        weights = {name: weight.detach().clone() for name, weight in dist.model_state(policy_copy).items()}
+        return weights, metrics["stats/grad_norm"]
 
-    result["weights"] = update(dist.shard(B), B // dist.world_size)
+    result["weights"], result["grad_norm"] = update(dist.shard(B), B // dist.world_size)
     if not dist.active:
-        result["weights_half"] = update(slice(0, B // 2), B // 2)
+        result["weights_half"] = update(slice(0, B // 2), B // 2)[0]
     result["weights_before"] = {name: p.detach().clone() for name, p in policy.named_parameters()}
 
     # Evaluation: 7 problems in batches of 3, each batch split over the processes.
+    # Under FSDP from a sharded copy of the same weights: generation itself is then a collective.
     problems = load_problems(cfg.data, 0)["test"][:7]
-    result["records"] = [r for batch in sharded_eval_batches(dist, evaluate_batches, policy, tokenizer, problems, cfg)
+    evaluated = dist.wrap(build_models(cfg.model, tokenizer, 0, torch.device("cpu"))[0]) if dist.fsdp else policy
+    result["records"] = [r for batch in sharded_eval_batches(dist, evaluate_batches, evaluated, tokenizer, problems, cfg)
                          for r in batch]
     result["world_size"] = dist.world_size
     if dist.is_main:

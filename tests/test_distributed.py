@@ -19,6 +19,7 @@ import torch
 from assignment.trainer import cli
 from assignment.trainer.config import ConfigError, load_config
 from assignment.trainer.distributed import Distributed, WorldSizeError
+from assignment.trainer.loading import build_models, load_tokenizer
 from assignment.trainer.runlog import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,16 +34,21 @@ TINY = ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", 
 # then the sum over B*T = 20 response tokens: K <= 4 * 2 * (32 + 64 + 8 + 64) + 20 < 1400. Two
 # processes compute each row in batches of 2 instead of 4, so their per-row sums may round
 # differently, and DDP adds one rounding in the average. With SGD (weights - lr * g) a weight's
-# difference is then bounded by K * u times the size of its update, which is lr * |g|.
+# difference is then bounded by K * u times the size of its update, which is lr * |g|. The
+# gradient norm stays below ppo.max_grad_norm (asserted), so clip_grad_norm_ scales by exactly 1
+# and the norm's own rounding (a sum over every weight, computed per shard under FSDP) does not enter.
 U, K = 2.0 ** -24, 1400
 
 
-def launch(*argv: str, processes: int = 2) -> subprocess.CompletedProcess:
+def launch(*argv: str, processes: int = 2, fsdp: bool = False) -> subprocess.CompletedProcess:
+    """``accelerate launch`` on CPU: DDP, or with ``fsdp`` the shipped FSDP2 config (whose
+    distributed_type FSDP also goes through torch's launcher; ACCELERATE_USE_CPU makes it gloo)."""
     with socket.socket() as s:  # a free port: two tests must not meet at accelerate's default 29500
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    command = [str(ACCELERATE), "launch", "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1",
+    how = ["--config_file", str(ROOT / "configs" / "accelerate" / "fsdp.yaml")] if fsdp else ["--multi_gpu"]
+    command = [str(ACCELERATE), "launch", *how, "--num_processes", str(processes), "--num_machines", "1",
                "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port), *argv]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -50,12 +56,18 @@ def launch(*argv: str, processes: int = 2) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-def test_two_processes_give_the_single_process_step(tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_two_processes_give_the_single_process_step(tmp_path, fsdp):
+    """The bound above holds for FSDP2 as for DDP: each process's gradients are computed alike
+    (the weights it gathers are exact copies of the shards), and the reduce-scatter adds one
+    rounding in the average as DDP's all-reduce does (the division by 2 processes is exact)."""
     subprocess.run([sys.executable, "tests/distributed_check.py", str(tmp_path / "one.pt")], cwd=ROOT, check=True,
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
-    launch("tests/distributed_check.py", str(tmp_path / "two.pt"))
+    launch("tests/distributed_check.py", str(tmp_path / "two.pt"), fsdp=fsdp)
     one, two = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in ("one", "two"))
     assert (one["world_size"], two["world_size"]) == (1, 2)
+    assert isinstance(two["grad_norm"], float) and two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
+    assert one["grad_norm"] < load_config(None, []).ppo.max_grad_norm  # no clipping: see K above
     # The gathered inputs are bit-for-bit the single process's and exercise 4 runs on them alike:
     # equal, on every real token (padding columns are the exercise's own business).
     assert torch.equal(one["mask"], two["mask"])
@@ -97,6 +109,34 @@ def test_two_processes_train_resume_and_refuse_another_job_size(tmp_path, capsys
     assert torch.load(run / "checkpoint.pt", weights_only=False)["world_size"] == 2
     # A plain process cannot continue it: the batch split and RNG streams belong to 2 processes.
     assert cli.main(["--resume", str(run), "train.steps=5"]) == 2
+    assert "written by 2 process(es), this job has 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_processes_train_and_resume_under_fsdp(tmp_path, capsys):
+    """FSDP2 through accelerate (configs/accelerate/fsdp.yaml): 2 steps, then a resume whose rollouts
+    come from a bfloat16 sampler refreshed from the gathered full weights."""
+    run = tmp_path / "run"
+    launch("-m", "assignment.trainer", "--impl", "solutions/exercises.py", *TINY, "train.steps=2",
+           f"train.output_dir={run}", fsdp=True)
+    done = launch("-m", "assignment.trainer", "--resume", str(run), "train.steps=3",
+                  "rollout.generation_dtype=bfloat16", fsdp=True)
+    assert done.stdout.count("status: finished") == 1
+    entries = json.loads((run / "run.json").read_text())
+    assert [(e["world_size"], e["status"], e["resume"]) for e in entries] == [(2, "finished", False), (2, "finished", True)]
+    metrics = read_jsonl(run / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    for m in metrics:  # exercise 5 unchanged: its grad_norm.item() of the sharded parameters is a float
+        assert abs(m["stats/approx_kl_first"]) < 1e-5 and m["stats/grad_norm"] > 0
+    evals = read_jsonl(run / "eval.jsonl")
+    assert [e["step"] for e in evals] == [0, 2, 3] and all(e["eval/n"] == 8 for e in evals)
+    # The checkpoint holds the full weights, shaped as one process's policy.
+    state = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert (state["world_size"], state["fsdp"]) == (2, True)
+    config = load_config(None, TINY)
+    policy = build_models(config.model, load_tokenizer(config.model), 0, torch.device("cpu"))[0]
+    assert {k: v.shape for k, v in state["policy"].items()} == {k: v.shape for k, v in policy.state_dict().items()}
+    assert cli.main(["--resume", str(run), "train.steps=4"]) == 2
     assert "written by 2 process(es), this job has 1" in capsys.readouterr().err
 
 

@@ -36,13 +36,14 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([device_state.cpu() for device_state in state["cuda"]])
 
 
-def save(out: Path, step: int, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+def save(out: Path, step: int, policy: dict[str, Any], optimizer: dict[str, Any], scheduler: Any,
          extra: dict[str, Any]) -> Path:
-    """Write the checkpoint of ``step``; ``extra`` holds the trainer's small states (KL
-    controller, curriculum) by name."""
+    """Write the checkpoint of ``step``: ``policy`` and ``optimizer`` are their full state dicts
+    (``Distributed.model_state``, ``optimizer_state``), ``extra`` the trainer's small states (KL controller,
+    curriculum) by name."""
     path = out / FILENAME
     tmp = out / (FILENAME + ".tmp")
-    torch.save({"step": step, "policy": policy.state_dict(), "optimizer": optimizer.state_dict(),
+    torch.save({"step": step, "policy": policy, "optimizer": optimizer,
                 "scheduler": scheduler.state_dict(), "rng": rng_state(), **extra}, tmp)
     os.replace(tmp, path)
     return path

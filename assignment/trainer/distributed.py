@@ -22,9 +22,21 @@ What each process does with the config's *global* batch of ``B`` responses (``N`
       (approx_kl averaged over processes, ``mean``), the time limit (``any``).
 Only the main process writes files (run directory, logs, checkpoints, plots) and prints.
 
-Not here: FSDP. ``configs/accelerate/fsdp.yaml`` is shipped, but the trainer refuses it for now
-(see ``Distributed.wrap``): rollouts generate from the unwrapped module and checkpoints save the
-main process's ``state_dict``, both of which need the full parameters that FSDP shards.
+FSDP (``accelerate launch --config_file configs/accelerate/fsdp.yaml``, FSDP2 only): the same
+data-parallel job, but the policy's weights, gradients and AdamW state are sharded over the
+processes (``torch.distributed.fsdp.fully_shard``), and every call of the policy is a collective
+that all processes must make together. So under FSDP:
+    - rollouts generate with ``synced_gpus`` (``rollout.generate``), and a sampler copy is
+      refreshed from the full weights (``rollout.refresh_copy``), on every process; the log-prob
+      forwards run on equal shards in equal chunks, so their number of calls matches;
+    - evaluation pads every process's share of a batch to the same size, dropping the padding's
+      records (``sharded_eval_batches``);
+    - exercise 5 is unchanged: ``clip_grad_norm_`` over sharded parameters returns a replicated
+      DTensor, whose ``.item()`` and ``torch.isfinite`` are the whole model's norm (tested);
+    - a checkpoint holds the full state dicts of the policy and the optimizer (``model_state``,
+      ``optimizer_state``), loaded back into the shards on resume (``load_state``); the optimizer's
+      is keyed by parameter name, so the resume needs the same launch (FSDP, as many processes).
+Tested on CPU (gloo, 2 processes) only.
 """
 
 from __future__ import annotations
@@ -35,6 +47,9 @@ from typing import Any, Callable, Sequence, TypeVar
 import torch
 from accelerate import PartialState
 from accelerate.utils import DistributedType, parse_flag_from_env, broadcast_object_list, gather, gather_object, pad_across_processes
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.fsdp import fully_shard
 
 from assignment.trainer import checkpoint
 from assignment.trainer.config import Config, ConfigError
@@ -44,7 +59,8 @@ R = TypeVar("R")
 
 
 class WorldSizeError(ValueError):
-    """A run resumed with another number of processes than it was started with."""
+    """A run resumed by another job than it was started with: another number of processes, or
+    with FSDP against without."""
 
 
 class Distributed:
@@ -55,6 +71,9 @@ class Distributed:
         self.state = PartialState(cpu=not torch.cuda.is_available() or parse_flag_from_env("ACCELERATE_USE_CPU"))
         self.world_size, self.rank = self.state.num_processes, self.state.process_index
         self.is_main = self.state.is_main_process
+        # accelerate's environment for a launch with distributed_type FSDP (PartialState itself says
+        # MULTI_CPU on CPU): the trainer shards the policy itself (``wrap``)
+        self.fsdp = self.active and parse_flag_from_env("ACCELERATE_USE_FSDP")
         launched = int(os.environ.get("WORLD_SIZE", "1"))
         if launched != self.world_size:  # the processes would each train alone, into one folder
             raise RuntimeError(f"launched as {launched} processes but accelerate sees {self.world_size}: "
@@ -89,14 +108,18 @@ class Distributed:
 
     def wrap(self, policy: torch.nn.Module) -> torch.nn.Module:
         """The model the update trains: ``policy`` itself, or in a job of several processes its DDP
-        wrapper (accelerate's ``prepare_model``), which averages gradients in ``backward``."""
+        wrapper (accelerate's ``prepare_model``), which averages gradients in ``backward``, or under
+        FSDP ``policy`` sharded in place (``shard_policy``). Call it before building the optimizer:
+        FSDP replaces the parameters."""
         if not self.active:
             return policy
+        if self.fsdp:
+            return shard_policy(policy)
         from accelerate import Accelerator
 
         accelerator = Accelerator()
         if accelerator.distributed_type not in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
-            raise ConfigError(f"the trainer runs data-parallel (DDP) only, not {accelerator.distributed_type}: "
+            raise ConfigError(f"the trainer runs data-parallel (DDP or FSDP2) only, not {accelerator.distributed_type}: "
                               "see the README's 'More GPUs'")
         if accelerator.mixed_precision != "no":  # autocast would change the log-probs the ratio compares
             raise ConfigError("accelerate's mixed_precision must be 'no': the trainer sets its own dtypes "
@@ -172,22 +195,82 @@ class Distributed:
 
     # --- checkpoints ---------------------------------------------------------------------
 
+    def model_state(self, policy: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The policy's full state dict, as a checkpoint holds it. Under FSDP every process must call
+        it (the shards are gathered, onto the CPU of the main process alone: the others get an
+        empty dict); elsewhere the plain ``state_dict`` (DDP keeps it equal on every process)."""
+        if not self.fsdp:
+            return policy.state_dict()
+        return get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def optimizer_state(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        """The optimizer's full state dict, as ``model_state`` (under FSDP keyed by parameter name)."""
+        if not self.fsdp:
+            return optimizer.state_dict()
+        return get_optimizer_state_dict(policy, optimizer,
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_state(self, policy: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Load a checkpoint's full state dicts (``model_state``, ``optimizer_state``) into the policy and its optimizer:
+        under FSDP each process keeps its own shards of them (every process must call it)."""
+        if not self.fsdp:
+            policy.load_state_dict(state["policy"])
+            optimizer.load_state_dict(state["optimizer"])
+            return
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(policy, state["policy"], options=options)
+        set_optimizer_state_dict(policy, optimizer, state["optimizer"], options=options)
+
     def checkpoint_extra(self) -> dict[str, Any]:
-        """What a checkpoint records of the job: its size, and (several processes) each one's RNG state,
-        so that every process draws after a resume what it would have drawn."""
-        extra: dict[str, Any] = {"world_size": self.world_size}
+        """What a checkpoint records of the job: its size and whether FSDP wrote it (its optimizer
+        state is then keyed by parameter name), and (several processes) each one's RNG state, so
+        that every process draws after a resume what it would have drawn."""
+        extra: dict[str, Any] = {"world_size": self.world_size, "fsdp": self.fsdp}
         if self.active:
             extra["rng_ranks"] = gather_object([checkpoint.rng_state()])
         return extra
 
     def restore_rng(self, state: dict[str, Any]) -> None:
-        """Check the checkpoint's job size against this one's, then set this process's RNG state."""
+        """Check the checkpoint's job (size, FSDP or not) against this one, then set this process's
+        RNG state."""
         saved = state.get("world_size", 1)
         if saved != self.world_size:
             raise WorldSizeError(f"the checkpoint was written by {saved} process(es), this job has {self.world_size}: "
                                  f"resume with the same number (accelerate launch --num_processes {saved}); "
                                  "the RNG streams and the batch split depend on it")
+        if state.get("fsdp", False) != self.fsdp:
+            raise WorldSizeError(f"the checkpoint was written {'with' if state.get('fsdp') else 'without'} FSDP: "
+                                 "resume with the accelerate config it was started with")
         checkpoint.set_rng_state(state["rng_ranks"][self.rank] if self.active else state["rng"])
+
+
+def shard_policy(policy: torch.nn.Module) -> torch.nn.Module:
+    """FSDP2: shard ``policy`` (a ``PolicyWithValueHead``) in place over the processes, and return it.
+
+    Each decoder layer is a unit of its own (the LM's ``_no_split_modules``: accelerate's
+    TRANSFORMER_BASED_WRAP), then the LM (embeddings, final norm, LM head: ``generate`` calls
+    ``policy.lm`` alone), then the root (the value head). The frozen reference model is not
+    sharded: it stays a full copy on every process (weights only, no gradients or AdamW state).
+    """
+    if os.environ.get("FSDP_VERSION", "1") != "2":
+        raise ConfigError("the trainer runs FSDP2 only: fsdp_version: 2 (configs/accelerate/fsdp.yaml)")
+    if os.environ.get("ACCELERATE_MIXED_PRECISION", "no") != "no":  # as for DDP: the trainer sets its dtypes
+        raise ConfigError("accelerate's mixed_precision must be 'no': the trainer sets its own dtypes "
+                          "(model.dtype, rollout.generation_dtype)")
+    layer_classes = set(getattr(policy.lm, "_no_split_modules", None) or ())
+    for module in policy.lm.modules():
+        if type(module).__name__ in layer_classes:
+            fully_shard(module)
+    fully_shard(policy.lm)
+    fully_shard(policy)
+    # FSDP2 makes the first module called the root of the lazy initialisation; a first call of
+    # policy.lm (generate, in the evaluation before step 1) would make the LM root and the policy's
+    # own forward fail later. One token through the policy, on every process, settles it.
+    with torch.no_grad():
+        one = torch.ones(1, 1, dtype=torch.long, device=next(policy.parameters()).device)
+        policy(one, one)
+    policy.reshard()  # the root keeps its weights gathered after a forward: the optimizer must get the shards
+    return policy
 
 
 def sharded_eval_batches(dist: Distributed, evaluate_batches: Callable[..., Any], policy: torch.nn.Module,
@@ -201,8 +284,11 @@ def sharded_eval_batches(dist: Distributed, evaluate_batches: Callable[..., Any]
     for start in range(0, len(problems), size):
         chunk = problems[start:start + size]
         mine = chunk[dist.shard(len(chunk))]  # at most one batch: len(mine) <= size
-        records = [record for batch in evaluate_batches(policy, tokenizer, mine, cfg) for record in batch]
-        yield dist.gather_objects(records)
+        # FSDP: every process must generate, as many rows: pad with the batch's first problem
+        padding = -(-len(chunk) // dist.world_size) - len(mine) if dist.fsdp else 0
+        records = [record for batch in evaluate_batches(policy, tokenizer, mine + chunk[:1] * padding, cfg)
+                   for record in batch]
+        yield dist.gather_objects(records[:len(mine)])
 
 
 def whole_rollout(dist: Distributed, rollout: Rollout, pad_token_id: int) -> Rollout:

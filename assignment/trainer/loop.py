@@ -28,7 +28,8 @@ continues it exactly, an interrupted evaluation included.
 
 Under ``accelerate launch --num_processes N`` the same code runs data-parallel: each process
 generates its share of the batch, the rollout is gathered for exercise 4 and the metrics, and
-the update trains a DDP wrapper (``assignment.trainer.distributed`` says what is gathered).
+the update trains a DDP wrapper, or under FSDP the sharded policy (``assignment.trainer.distributed``
+says what is gathered and what FSDP changes).
 """
 
 from __future__ import annotations
@@ -223,6 +224,9 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     disable_dropout(policy)
     disable_dropout(ref)
     problems = load_problems(cfg.data, cfg.train.seed)
+    # The copy's weights are refreshed before every rollout; taken here, before FSDP shards policy.lm.
+    sampler = generation_copy(policy.lm, DTYPES[cfg.rollout.generation_dtype]) if cfg.rollout.generation_dtype else None
+    model = dist.wrap(policy)  # before the optimizer: FSDP replaces the parameters by their shards
     optimizer = torch.optim.AdamW(optimizer_groups(policy, cfg.ppo), lr=cfg.ppo.lr, weight_decay=cfg.ppo.weight_decay)
     scheduler = get_scheduler(cfg.ppo.lr_scheduler, optimizer, num_warmup_steps=cfg.ppo.warmup_steps,
                               num_training_steps=optimizer_steps(cfg))
@@ -230,8 +234,6 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     if dist.rank:  # the same weights everywhere (seeded above), but each process samples its own responses
         seed_everything(cfg.train.seed + dist.rank)
     start_step = restore(out, device, policy, optimizer, scheduler, kl_ctl, curriculum, dist) if resume else 0
-    model = dist.wrap(policy)
-    sampler = generation_copy(policy.lm, DTYPES[cfg.rollout.generation_dtype]) if cfg.rollout.generation_dtype else None
     logger = RunLogger(out, cfg, start_step) if dist.is_main else NullLogger()
     return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,
                logger, start_step, progress, deadline, start_step if resume else None, sampler, dist, model)
@@ -254,12 +256,11 @@ def restore(out: Path, device: torch.device, policy: PolicyWithValueHead, optimi
     """Load the checkpoint in ``out`` into these objects and set every RNG state from it, so that
     the run continues as if never stopped; return the checkpoint's step."""
     state = checkpoint.load(out, device)
-    policy.load_state_dict(state["policy"])
-    optimizer.load_state_dict(state["optimizer"])
+    dist.restore_rng(state)  # this process's own RNG state; raises WorldSizeError for another job
+    dist.load_state(policy, optimizer, state)  # into this process's shards under FSDP
     scheduler.load_state_dict(state["scheduler"])
     kl_ctl.load_state_dict(state["kl"])
     curriculum.load_state_dict(state["curriculum"])
-    dist.restore_rng(state)  # this process's own RNG state; raises WorldSizeError for another job size
     tqdm.write(f"resuming {out} from step {state['step']}")
     return state["step"]
 
@@ -267,8 +268,9 @@ def restore(out: Path, device: torch.device, policy: PolicyWithValueHead, optimi
 def save(run: Run, step: int) -> None:
     """Checkpoint ``run`` as of ``step``: what ``restore`` loads."""
     extra = {"kl": run.kl_ctl.state_dict(), "curriculum": run.curriculum.state_dict(), **run.dist.checkpoint_extra()}
-    # DDP keeps the weights and optimizer states equal on every process: the main one's are the job's.
-    run.dist.on_main(lambda: checkpoint.save(run.out, step, run.policy, run.optimizer, run.scheduler, extra))
+    # Every process takes part in gathering the full states (FSDP); the main one writes them.
+    policy_state, optimizer_state = run.dist.model_state(run.policy), run.dist.optimizer_state(run.policy, run.optimizer)
+    run.dist.on_main(lambda: checkpoint.save(run.out, step, policy_state, optimizer_state, run.scheduler, extra))
     run.saved_step = step
 
 

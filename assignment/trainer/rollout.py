@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from assignment.trainer.config import DataConfig, RolloutConfig
@@ -51,6 +53,12 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], m
     enc = tokenizer(list(prompts), return_tensors="pt", padding="max_length" if fixed_length else True,
                     truncation=True, max_length=max_tokens, add_special_tokens=add_special, padding_side="left")
     return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """True for a module that FSDP2 shards over the processes (``Distributed.wrap`` under FSDP):
+    each process holds a slice of its weights, and every call of it is a collective."""
+    return isinstance(module, FSDPModule)
 
 
 def eos_token_ids(lm: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -87,7 +95,10 @@ def generate(lm: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.T
     cache = {"cache_implementation": "static", "disable_compile": not compiled} if cfg.cache_implementation == "static" else {}
     gen_cfg = GenerationConfig(do_sample=not greedy, max_new_tokens=cfg.max_new_tokens,
                                pad_token_id=pad_token_id, eos_token_id=list(eos_ids), **sampling, **cache)
-    out = lm.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg)
+    # A sharded LM all-gathers its weights in every decoding step: a process whose rows have all
+    # ended must keep stepping (synced_gpus) until every process's have, or the others wait forever.
+    out = lm.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg,
+                      synced_gpus=is_sharded(lm))
     return out[:, prompt_ids.shape[1]:]
 
 
@@ -214,7 +225,11 @@ def generation_copy(lm: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
 @torch.no_grad()
 def refresh_copy(sampler: PreTrainedModel, lm: PreTrainedModel) -> None:
     """Copy ``lm``'s weights into ``sampler``, cast to its dtype (tied weights are one parameter
-    in both, so they are copied once)."""
+    in both, so they are copied once). A sharded ``lm`` (FSDP) gives its full weights, gathered
+    from every process: all of them must call this together."""
+    if is_sharded(lm):
+        sampler.load_state_dict(get_model_state_dict(lm, options=StateDictOptions(full_state_dict=True)))
+        return
     for target, source in zip(sampler.parameters(), lm.parameters(), strict=True):
         target.copy_(source)
 
