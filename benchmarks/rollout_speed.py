@@ -45,7 +45,8 @@ from assignment.trainer.config import load_config  # noqa: E402
 from assignment.trainer.data import Curriculum, load_problems, training_batch  # noqa: E402
 from assignment.trainer.impl import load_impl  # noqa: E402
 from assignment.trainer.loading import build_models, load_tokenizer  # noqa: E402
-from assignment.trainer.loop import disable_dropout, optimizer_steps, resolve_device  # noqa: E402
+from assignment.trainer.distributed import resolve_device  # noqa: E402
+from assignment.trainer.loop import disable_dropout, optimizer_steps  # noqa: E402
 from assignment.trainer.ppo import ppo_update  # noqa: E402
 from assignment.trainer.rollout import collect, generation_copy, render_prompts, sample  # noqa: E402
 

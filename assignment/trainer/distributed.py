@@ -58,6 +58,18 @@ from assignment.trainer.rollout import Rollout, Sample
 R = TypeVar("R")
 
 
+# accelerate's autocast would change the log-probs the PPO ratio compares (DDP and FSDP alike).
+MIXED_PRECISION_ERROR = ("accelerate's mixed_precision must be 'no': the trainer sets its own dtypes "
+                         "(model.dtype, rollout.generation_dtype)")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``train.device`` of a process alone: "auto" is CUDA where there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 class WorldSizeError(ValueError):
     """A run resumed by another job than it was started with: another number of processes, or
     with FSDP against without."""
@@ -96,12 +108,12 @@ class Distributed:
     def device(self, name: str) -> torch.device:
         """The device of this process: accelerate's (cuda:LOCAL_RANK, or cpu under --cpu) in a job of
         several processes, whose config may only say "auto" or that device's type."""
+        if not self.active:
+            return resolve_device(name)
         if name == "auto":
-            if not self.active:
-                return torch.device("cuda" if torch.cuda.is_available() else "cpu")
             # accelerate says cpu:0, which torch.load cannot map a checkpoint to: plain cpu
             return torch.device("cpu") if self.state.device.type == "cpu" else self.state.device
-        if self.active and torch.device(name).type != self.state.device.type or self.active and ":" in name:
+        if torch.device(name).type != self.state.device.type or ":" in name:
             raise ConfigError(f"train.device={name} under accelerate launch: use auto (this process runs on "
                               f"{self.state.device})")
         return torch.device(name)
@@ -121,9 +133,8 @@ class Distributed:
         if accelerator.distributed_type not in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
             raise ConfigError(f"the trainer runs data-parallel (DDP or FSDP2) only, not {accelerator.distributed_type}: "
                               "see the README's 'More GPUs'")
-        if accelerator.mixed_precision != "no":  # autocast would change the log-probs the ratio compares
-            raise ConfigError("accelerate's mixed_precision must be 'no': the trainer sets its own dtypes "
-                              "(model.dtype, rollout.generation_dtype)")
+        if accelerator.mixed_precision != "no":
+            raise ConfigError(MIXED_PRECISION_ERROR)
         return accelerator.prepare_model(policy)
 
     # --- splitting and gathering ---------------------------------------------------------
@@ -254,9 +265,8 @@ def shard_policy(policy: torch.nn.Module) -> torch.nn.Module:
     """
     if os.environ.get("FSDP_VERSION", "1") != "2":
         raise ConfigError("the trainer runs FSDP2 only: fsdp_version: 2 (configs/accelerate/fsdp.yaml)")
-    if os.environ.get("ACCELERATE_MIXED_PRECISION", "no") != "no":  # as for DDP: the trainer sets its dtypes
-        raise ConfigError("accelerate's mixed_precision must be 'no': the trainer sets its own dtypes "
-                          "(model.dtype, rollout.generation_dtype)")
+    if os.environ.get("ACCELERATE_MIXED_PRECISION", "no") != "no":
+        raise ConfigError(MIXED_PRECISION_ERROR)
     layer_classes = set(getattr(policy.lm, "_no_split_modules", None) or ())
     for module in policy.lm.modules():
         if type(module).__name__ in layer_classes:

@@ -114,12 +114,6 @@ class Deadline:
         return self.at is not None and time.time() >= self.at
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -523,24 +517,24 @@ def train(cfg: Config, impl: ModuleType, resume: bool = False,
     threads = torch.get_num_threads()
     if cfg.train.cpu_threads:
         torch.set_num_threads(cfg.train.cpu_threads)
+    dist = Distributed()
     try:
-        if Distributed().is_main:
-            return _train(cfg, impl, resume, on_step, command)
+        if dist.is_main:
+            return _train(cfg, impl, resume, on_step, command, dist)
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):  # one job prints once
-            return _train(cfg, impl, resume, on_step, command)
+            return _train(cfg, impl, resume, on_step, command, dist)
     finally:
         torch.set_num_threads(threads)  # the setting is process-wide: give the caller its own back
 
 
 def _train(cfg: Config, impl: ModuleType, resume: bool, on_step: Callable[[int, dict[str, float]], None] | None,
-           command: str | None) -> RunResult:
+           command: str | None, dist: Distributed) -> RunResult:
     """Set up, run the schedule until it ends or the time limit stops it (then checkpoint), record
     how the invocation ended, draw the reward curve of a finished run, return the result."""
     started = time.time()
     if cfg.algorithm != "ppo" and grpo.missing(impl):
         raise ImplError(f"algorithm {cfg.algorithm} needs Part II's exercises; the submission does not define "
                         f"{', '.join(grpo.missing(impl))}")
-    dist = Distributed()
     out = dist.on_main(lambda: open_run_dir(cfg, resume))
     progress = Progress(out, command, resume, dist.world_size) if dist.is_main else NullProgress()
     run = setup_run(cfg, out, resume, progress, Deadline.after(cfg.train.time_limit_s, started), dist)
