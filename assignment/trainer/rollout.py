@@ -14,6 +14,7 @@ tempered softmax, without the top-k / top-p truncation that sampling applied.
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -22,11 +23,13 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation import utils as generation_utils
 
 from assignment.trainer.config import DataConfig, RolloutConfig
 from assignment.helpers import logprobs_from_logits
 from assignment.model import PolicyWithValueHead, position_ids_from_mask
-from assignment.trainer.batch import response_slice
+from assignment.trainer.attention import use_grouped_decoding
+from assignment.trainer.batch import response_slice, trim_padding
 
 
 def render_prompts(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], cfg: DataConfig) -> list[str]:
@@ -97,30 +100,73 @@ def generate(lm: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.T
                                pad_token_id=pad_token_id, eos_token_id=list(eos_ids), **sampling, **cache)
     # A sharded LM all-gathers its weights in every decoding step: a process whose rows have all
     # ended must keep stepping (synced_gpus) until every process's have, or the others wait forever.
-    out = lm.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg,
-                      synced_gpus=is_sharded(lm))
+    synced = is_sharded(lm)
+    with contextlib.nullcontext() if synced else deferred_stop_check(prompt_ids.device):
+        out = lm.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg,
+                          synced_gpus=synced)
     return out[:, prompt_ids.shape[1]:]
+
+
+@contextmanager
+def deferred_stop_check(device: torch.device) -> Iterator[None]:
+    """Inside the block, ``generate`` on CUDA reads its stop flag one decoding step late.
+
+    After every step transformers' decoding loop asks whether every row has ended, and reading
+    that answer makes the host wait for the GPU, so the next step cannot be queued meanwhile.
+    transformers has the remedy, ``DeferredStopCheck``: the flag is copied asynchronously and read
+    one step later, and the one extra step at the end is removed from the output. It turns it on
+    for Apple's mps only ("we should enable it for cuda if we observe perf gains"); this lets its
+    own check answer for CUDA as it does for mps. Measured on an H200 (256 responses of 400 tokens,
+    compiled bfloat16 decoding): 2.26 s instead of 2.8 s. A transformers without it is unaffected.
+    """
+    checker = getattr(generation_utils, "DeferredStopCheck", None)
+    if checker is None or device.type != "cuda":
+        yield
+        return
+    original = checker.__dict__["is_supported"]  # the staticmethod itself, restored as it was
+
+    def is_supported(device: torch.device, *args: Any, **kwargs: Any) -> bool:
+        return original.__func__(torch.device("mps") if device.type == "cuda" else device, *args, **kwargs)
+
+    checker.is_supported = staticmethod(is_supported)
+    try:
+        yield
+    finally:
+        checker.is_supported = original
 
 
 def response_forward(forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
                      input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
                      temperature: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Tempered log-probs of the response tokens (B, T) and values (B, T) (None if no value head).
+    """Tempered log-probs of the response tokens (B, T) and values (B, T) (None if no value head);
+    padded positions hold unspecified values.
 
     ``forward(input_ids, attention_mask)`` returns ``(logits (b, P+T, V), values (b, P+T) or
-    None)``; it runs on chunks of ``chunk`` rows so that the (b, T, V) logits fit in memory.
+    None)``; it runs on chunks of ``chunk`` rows so that the (b, T, V) logits fit in memory. Rows
+    go into chunks by response length, and each chunk is cut to its own columns as the update's
+    minibatches are (``trim_padding``), so little of the work is padding. Positions come from
+    the mask, so a row's log-probs do not depend on its chunk beyond float rounding.
     """
     P = prompt_length
-    T = input_ids.shape[1] - P
-    logprobs, values = [], []
-    for start in range(0, input_ids.shape[0], chunk):
-        ids, mask = input_ids[start:start + chunk], attention_mask[start:start + chunk]
-        logits, vals = forward(ids, mask)
-        logits = response_slice(logits, P, T) / temperature  # (b, T, V)
-        logprobs.append(logprobs_from_logits(logits, ids[:, P:]))
+    B, T = input_ids.shape[0], input_ids.shape[1] - P
+    response_mask = attention_mask[:, P:]
+    order = torch.argsort(response_mask.sum(dim=-1), stable=True)  # (B,) rows of similar length share a chunk
+    logprobs = values = None
+    for start in range(0, B, chunk):
+        rows = order[start:start + chunk]
+        part = trim_padding({"input_ids": input_ids[rows], "attention_mask": attention_mask[rows],
+                             "response_mask": response_mask[rows], "prompt_length": P})
+        ids, p = part["input_ids"], part["prompt_length"]
+        t = ids.shape[1] - p
+        logits, vals = forward(ids, part["attention_mask"])
+        chunk_logprobs = logprobs_from_logits(response_slice(logits, p, t) / temperature, ids[:, p:])  # (b, t)
+        if logprobs is None:
+            logprobs = chunk_logprobs.new_zeros(B, T)
+            values = None if vals is None else torch.zeros(B, T, dtype=torch.float32, device=ids.device)
+        logprobs[rows, :t] = chunk_logprobs
         if vals is not None:
-            values.append(response_slice(vals, P, T).float())  # (b, T)
-    return torch.cat(logprobs), (torch.cat(values) if values else None)
+            values[rows, :t] = response_slice(vals, p, t).float()
+    return logprobs, values
 
 
 def reference_forward(ref: PreTrainedModel) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, None]]:
@@ -214,6 +260,11 @@ def generation_copy(lm: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     # transformers keeps a compiled forward of the model it compiled for (rollout.compile); a
     # copy would call lm's through it (float32 queries against its own bfloat16 cache, measured)
     sampler.__dict__.pop("_compiled_call", None)
+    # Gradient checkpointing hooks the input embeddings (enable_input_require_grads); the copy
+    # never trains, and the hook breaks the compiled decoding step into several graphs.
+    if hasattr(sampler, "_require_grads_hook"):
+        sampler.disable_input_require_grads()
+    use_grouped_decoding(sampler)  # decoding attends to the KV cache without copying it per head group
     # Parameters only: Module.to would round the buffers too, and RoPE's inv_freq in bfloat16
     # shifts the rotary phase by ~0.5 rad at position 300 (from_pretrained keeps it float32).
     for param in sampler.parameters():

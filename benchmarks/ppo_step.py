@@ -1,0 +1,230 @@
+"""Benchmark: where a PPO step's time goes, measured inside the trainer itself.
+
+    python benchmarks/ppo_step.py --config configs/gsm8k_qwen_coder.yaml --label after --json after.json \
+        [--steps 6] [--code DIR] [key=value ...]
+    python benchmarks/ppo_step.py --report before.json after.json --out reports/performance/ppo_step.md
+
+The first form runs ``assignment.trainer.loop.train`` on the config for ``--steps`` PPO steps (no
+evaluation, samples or checkpoint) and times, CUDA-synchronised, inside every step:
+
+    rollout phase    the trainer's ``time/rollout``: prompts, the sampler's refresh, then
+      generation       ``rollout.generate`` (the decoding of every response)
+      policy forward   ``rollout.response_forward`` with the policy: logprobs_old and values
+      reference fwd    ``rollout.response_forward`` with the reference: the KL anchor
+      rest             decoding to text, rewards, exercise 4, the guard
+    update           the trainer's ``time/update`` (exercise 5 over the minibatches)
+
+Throughput counts real tokens only: the rollout phase's real response tokens (up to and including
+EOS) per second, as the issue that asked for it measured it. For the update, every minibatch's
+computed columns (rows x its trimmed length) against its real tokens (prompt and response) give
+the padding share, and MFU = 6 x parameters x real tokens / seconds / ``--peak-tflops`` (forward
+and backward; the forward that gradient checkpointing repeats is not useful work, so it is not
+counted; the default peak is the dense TF32 rate of an H100 or H200 SXM, 494.7 TFLOPS, the
+precision the float32 weights train in). Step 1 compiles the decoding step and is shown apart; the
+summary is the median over the steps after it.
+
+``--code DIR`` imports ``assignment`` (and the answer key) from DIR instead of this checkout: a
+tree of another commit (``git archive COMMIT assignment solutions configs | tar -x -C DIR``), so
+that the code before and after a change is measured on the same card in one call. The second
+form writes the Markdown tables of one or more such JSON files, the first being the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_PEAK_TFLOPS = 494.7  # dense TF32, H100 and H200 SXM (the datasheets' 989 assumes sparsity)
+
+
+class Enough(Exception):
+    """Raised after the last measured step, so that the run ends without its final checkpoint."""
+
+
+def instrument(record: dict) -> None:
+    """Wrap the functions the trainer calls by module attribute so that ``record`` accumulates
+    their synchronised seconds (and, for the update, the minibatches' columns and real tokens)."""
+    rollout = importlib.import_module("assignment.trainer.rollout")
+    ppo = importlib.import_module("assignment.trainer.ppo")
+    generate, response_forward, minibatches = rollout.generate, rollout.response_forward, ppo.minibatches
+
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    @contextmanager
+    def timed(key: str):
+        sync()
+        started = time.perf_counter()
+        yield
+        sync()
+        record[key] += time.perf_counter() - started
+
+    def timed_generate(*args, **kwargs):
+        with timed("generate_s"):
+            return generate(*args, **kwargs)
+
+    def timed_forward(forward, *args, **kwargs):
+        is_policy = isinstance(forward, torch.nn.Module)  # the policy itself; the reference comes as a function
+        if is_policy and "parameters" not in record:
+            record["parameters"] = sum(p.numel() for p in forward.parameters())
+        with timed("policy_forward_s" if is_policy else "reference_forward_s"):
+            return response_forward(forward, *args, **kwargs)
+
+    def counted_minibatches(*args, **kwargs):
+        for minibatch in minibatches(*args, **kwargs):
+            record["update_columns"] += minibatch["input_ids"].numel()
+            record["update_real_tokens"] += int(minibatch["attention_mask"].sum())
+            yield minibatch
+
+    rollout.generate, rollout.response_forward, ppo.minibatches = timed_generate, timed_forward, counted_minibatches
+
+
+def fresh_dir() -> str:
+    """A new folder for the throwaway run (a fresh run refuses a folder that holds one)."""
+    Path("runs").mkdir(exist_ok=True)
+    return tempfile.mkdtemp(prefix="ppo_step_", dir="runs")
+
+
+def measure(args: argparse.Namespace) -> dict:
+    if args.code is not None:
+        sys.path.insert(0, str(args.code.resolve()))
+    else:
+        sys.path.insert(0, str(ROOT))
+    config = importlib.import_module("assignment.trainer.config")
+    loop = importlib.import_module("assignment.trainer.loop")
+    impl = importlib.import_module("assignment.trainer.impl").load_impl(str((args.code or ROOT) / "solutions" / "exercises.py"))
+    overrides = [f"train.steps={args.steps + 1}", "eval.size=0", "train.sample_every=0", "train.checkpoint_every=0",
+                 "train.time_limit_s=null", f"train.output_dir={args.output_dir or fresh_dir()}", *args.overrides]
+    cfg = config.load_config(args.config, overrides)
+    record: dict = defaultdict(float)
+    instrument(record)
+    steps: list[dict] = []
+
+    def on_step(step: int, metrics: dict) -> None:
+        response_tokens = cfg.rollout.batch_size * metrics["rollout/response_length"]
+        row = {"step": step, "rollout_s": metrics["time/rollout"], "update_s": metrics["time/update"],
+               "response_tokens": response_tokens, "approx_kl_first": metrics.get("stats/approx_kl_first"),
+               "peak_memory_gib": metrics.get("memory/peak_memory_gib"), **record}
+        row["rest_s"] = row["rollout_s"] - sum(row.get(k, 0.0) for k in ("generate_s", "policy_forward_s", "reference_forward_s"))
+        steps.append(row)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+        params = record.get("parameters")
+        record.clear()
+        if params is not None:
+            record["parameters"] = params
+        if step >= args.steps:
+            raise Enough
+
+    import transformers
+
+    started = time.time()
+    try:
+        loop.train(cfg, impl, on_step=on_step)
+    except Enough:
+        pass
+    card = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (the figures mean little there)"
+    return {"label": args.label, "card": card, "torch": torch.__version__,
+            "transformers": transformers.__version__, "code": str(args.code or "this checkout"),
+            "command": "python benchmarks/ppo_step.py " + " ".join(sys.argv[1:]),
+            "batch_size": cfg.rollout.batch_size, "max_new_tokens": cfg.rollout.max_new_tokens,
+            "peak_tflops": args.peak_tflops, "wall_s": time.time() - started, "steps": steps}
+
+
+def median(rows: list[dict], key: str) -> float:
+    return statistics.median(row.get(key, 0.0) for row in rows)
+
+
+def summary(run: dict) -> dict:
+    """Medians over the steps after the first (which compiles)."""
+    rows = run["steps"][1:] or run["steps"]
+    out = {key: median(rows, key) for key in ("rollout_s", "generate_s", "policy_forward_s", "reference_forward_s",
+                                               "rest_s", "update_s", "response_tokens", "update_real_tokens",
+                                               "update_columns")}
+    out["tokens_per_s"] = median([{"x": r["response_tokens"] / r["rollout_s"]} for r in rows], "x")
+    out["padding"] = 1 - out["update_real_tokens"] / out["update_columns"] if out["update_columns"] else float("nan")
+    params = next((r["parameters"] for r in rows if "parameters" in r), float("nan"))
+    out["mfu"] = 6 * params * out["update_real_tokens"] / out["update_s"] / (run["peak_tflops"] * 1e12)
+    out["params"] = params
+    out["measured_steps"] = len(rows)
+    kl = [abs(r["approx_kl_first"]) for r in run["steps"] if r.get("approx_kl_first") is not None]
+    out["max_abs_approx_kl_first"] = max(kl) if kl else float("nan")
+    out["first_step"] = run["steps"][0]
+    return out
+
+
+def report(runs: list[dict]) -> str:
+    sums = [summary(run) for run in runs]
+    base = sums[0]
+    lines = ["# PPO step: where the time goes", "",
+             "Written by `python benchmarks/ppo_step.py --report ...` from the JSON of each run below.", ""]
+    for run, s in zip(runs, sums):
+        lines.append(f"- **{run['label']}**: {run['card']}, torch {run['torch']}, transformers {run['transformers']}; "
+                     f"code: {run['code']}; `{run['command']}`; {run['batch_size']} responses of at most "
+                     f"{run['max_new_tokens']} tokens per step; medians of steps 2-{s['measured_steps'] + 1}.")
+    lines += ["", "## Rollout phase (seconds per step, median)", "",
+              "| run | rollout phase | generation | policy forward | reference forward | rest | real response tokens | tokens/s | vs first |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for run, s in zip(runs, sums):
+        lines.append(f"| {run['label']} | {s['rollout_s']:.2f} | {s['generate_s']:.2f} | {s['policy_forward_s']:.2f} | "
+                     f"{s['reference_forward_s']:.2f} | {s['rest_s']:.2f} | {s['response_tokens']:.0f} | "
+                     f"{s['tokens_per_s']:.0f} | {s['tokens_per_s'] / base['tokens_per_s']:.2f}x |")
+    lines += ["", "## Update (seconds per step, median)", "",
+              "| run | update | real tokens | computed columns | padding | real-token MFU | parameters |",
+              "|---|---|---|---|---|---|---|"]
+    for run, s in zip(runs, sums):
+        lines.append(f"| {run['label']} | {s['update_s']:.2f} | {s['update_real_tokens']:.0f} | {s['update_columns']:.0f} | "
+                     f"{s['padding']:.1%} | {s['mfu']:.1%} of {run['peak_tflops']:g} TFLOPS | {s['params'] / 1e6:.0f}M |")
+    lines += ["", "## The first minibatch's ratio and the first step", "",
+              "| run | max abs stats/approx_kl_first, all steps | step 1: rollout phase (compiles) | step 1: update | peak GPU memory |",
+              "|---|---|---|---|---|"]
+    for run, s in zip(runs, sums):
+        first = s["first_step"]
+        peak = max((r.get("peak_memory_gib") or 0.0) for r in run["steps"])
+        lines.append(f"| {run['label']} | {s['max_abs_approx_kl_first']:.1e} | {first['rollout_s']:.1f} | "
+                     f"{first['update_s']:.1f} | {peak:.1f} GiB |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", type=Path)
+    parser.add_argument("--steps", type=int, default=6, help="PPO steps to run (the first compiles)")
+    parser.add_argument("--code", type=Path, help="import assignment and the answer key from this tree")
+    parser.add_argument("--label", default="current")
+    parser.add_argument("--json", type=Path, help="write the measurement here")
+    parser.add_argument("--output-dir", help="the run's folder (train.output_dir; default a new runs/ppo_step_*)")
+    parser.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
+    parser.add_argument("--report", type=Path, nargs="+", help="write the tables of these JSON files instead")
+    parser.add_argument("--out", type=Path, help="with --report: the Markdown file")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    args = parser.parse_args(argv)
+    if args.report:
+        text = report([json.loads(path.read_text()) for path in args.report])
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text)
+        print(text)
+        return 0
+    if args.config is None or args.json is None:
+        parser.error("--config and --json are required to measure")
+    result = measure(args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=1))
+    print(report([result]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
