@@ -36,14 +36,20 @@ class PolicyWithValueHead(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Args: input_ids, attention_mask (B, L). Returns logits (B, L, V), values (B, L)."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Args: input_ids, attention_mask (B, L). Returns logits (B, L, V), values (B, L).
+
+        ``logits_to_keep`` > 0 (the trainer's rollout, never the update) computes the logits of
+        the last ``logits_to_keep`` columns only: (B, logits_to_keep, V).
+        """
         out = self.lm(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids_from_mask(attention_mask),
             output_hidden_states=True,
             use_cache=False,
+            logits_to_keep=logits_to_keep,
         )
         hidden = out.hidden_states[-1]  # (B, L, H)
         values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # (B, L)

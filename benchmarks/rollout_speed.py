@@ -20,12 +20,8 @@ EOS) per second; a batch runs until its longest response ends, so "decode steps"
 Sampling differs between variants (other weights, other kernels), so their lengths differ a
 little. On CPU nothing compiles and bfloat16 is slow: the variants run, the numbers mean little.
 
-Then one PPO update (``ppo_update`` with the reference exercises, the config's epochs and
-minibatches, random whitened advantages) on a fresh rollout: tokens per second and the model
-FLOPs utilization. Both count real tokens only (prompt and response, not padding) over the
-epochs, and MFU counts 6 x parameters FLOPs per token (forward and backward; the forward that
-gradient checkpointing repeats is not useful work) against the card's dense TF32 peak
-(``--peak-tflops``; 494.7 for an H100 SXM, the default).
+The whole PPO step inside the trainer (the rollout phase broken down, and the update's padding
+and real-token MFU) is ``benchmarks/ppo_step.py``.
 """
 
 from __future__ import annotations
@@ -43,12 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 from assignment.trainer.config import load_config  # noqa: E402
 from assignment.trainer.data import Curriculum, load_problems, training_batch  # noqa: E402
-from assignment.trainer.impl import load_impl  # noqa: E402
 from assignment.trainer.loading import build_models, load_tokenizer  # noqa: E402
 from assignment.trainer.distributed import resolve_device  # noqa: E402
-from assignment.trainer.loop import disable_dropout, optimizer_steps  # noqa: E402
-from assignment.trainer.ppo import ppo_update  # noqa: E402
-from assignment.trainer.rollout import collect, generation_copy, render_prompts, sample  # noqa: E402
+from assignment.trainer.loop import disable_dropout  # noqa: E402
+from assignment.trainer.rollout import generation_copy, render_prompts, sample  # noqa: E402
 
 VARIANTS = {  # name: (rollout overrides, sampler dtype)
     "eager": ({}, None),
@@ -91,29 +85,6 @@ def time_variant(name, policy, tokenizer, prompts, cfg, repeats, device) -> dict
             "steps": statistics.median(steps[1:]), "tok_per_s": timed_tokens / median, "peak_gib": peak}
 
 
-def time_update(policy, ref, tokenizer, prompts, cfg, device, peak_tflops: float) -> dict:
-    """One PPO update on a fresh rollout of ``prompts``: seconds, tokens/s and MFU."""
-    rollout = collect(policy, ref, tokenizer, prompts, cfg.rollout)
-    mask = rollout.sample.response_mask
-    advantages = torch.randn(mask.shape, device=device) * mask  # whitened-like, zero on padding
-    batch = rollout.update_batch(advantages, advantages.clone())
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.ppo.lr)
-    from transformers import get_scheduler
-
-    scheduler = get_scheduler("constant", optimizer, num_training_steps=optimizer_steps(cfg))
-    impl = load_impl(str(ROOT / "solutions" / "exercises.py"))
-    sync(device)
-    started = time.perf_counter()
-    ppo_update(impl, policy, optimizer, scheduler, batch, cfg, torch.Generator().manual_seed(0))
-    sync(device)
-    seconds = time.perf_counter() - started
-    tokens = int(rollout.attention_mask.sum()) * cfg.ppo.epochs  # real tokens; padding is waste
-    padded = rollout.input_ids.numel() * cfg.ppo.epochs
-    params = sum(p.numel() for p in policy.parameters())
-    return {"seconds": seconds, "tokens": tokens, "padded": padded, "tok_per_s": tokens / seconds, "params": params,
-            "mfu": 6 * params * tokens / seconds / (peak_tflops * 1e12)}
-
-
 def table(rows: list[dict]) -> list[str]:
     base = next((r["tok_per_s"] for r in rows if r["variant"] == "eager"), float("nan"))
     lines = ["| variant | first call (s) | median call (s) | real tokens | decode steps | tokens/s | vs eager | peak GiB |",
@@ -130,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--peak-tflops", type=float, default=494.7, help="the card's dense TF32 peak")
     parser.add_argument("--out", type=Path, help="also write the tables here (Markdown)")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args(argv)
@@ -140,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_float32_matmul_precision("high")  # as the trainer: float32 weights, TF32 matmuls
     torch.manual_seed(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model)
-    policy, ref = build_models(cfg.model, tokenizer, cfg.train.seed, device)
+    policy, _ = build_models(cfg.model, tokenizer, cfg.train.seed, device)
     disable_dropout(policy)  # as setup_run
     problems = load_problems(cfg.data, cfg.train.seed)
     batch = training_batch(cfg.data, problems["train"], cfg.rollout.batch_size, cfg.train.seed, 0,
@@ -154,25 +124,19 @@ def main(argv: list[str] | None = None) -> int:
             f"Batch {len(prompts)} prompts, at most {cfg.rollout.max_new_tokens} new tokens, temperature "
             f"{cfg.rollout.temperature}; {args.repeats} timed calls per variant after a first one.", ""]
     print("\n".join(head), flush=True)
-    rows, update_lines = [], []
+    rows = []
 
-    def write() -> list[str]:  # after every part: a run cut by a time limit keeps what it measured
-        text = head + ["## Rollout generation", ""] + table(rows) + ["", "## One PPO update", ""] + update_lines
+    def write() -> list[str]:  # after every variant: a run cut by a time limit keeps what it measured
+        text = head + ["## Rollout generation", ""] + table(rows)
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text("# Performance: rollout and update\n\n" + "\n".join(text) + "\n")
+            args.out.write_text("# Rollout generation: the fast paths\n\n" + "\n".join(text) + "\n")
         return text
 
     for name in args.variants:
         rows.append(time_variant(name, policy, tokenizer, prompts, cfg, args.repeats, device))
         print(f"{name}: {rows[-1]['tok_per_s']:.0f} tokens/s (first call {rows[-1]['first_s']:.1f} s)", flush=True)
         write()
-    up = time_update(policy, ref, tokenizer, prompts, cfg, device, args.peak_tflops)
-    update_lines.append(
-        f"{up['tokens']} real tokens ({cfg.ppo.epochs} epochs of the batch's prompt + response tokens; "
-        f"{up['padded']} with padding) in {up['seconds']:.2f} s: {up['tok_per_s']:.0f} tokens/s; "
-        f"{up['params'] / 1e6:.0f}M parameters, MFU {up['mfu']:.1%} of {args.peak_tflops:g} TFLOPS "
-        f"(gradient checkpointing {'on' if cfg.model.gradient_checkpointing else 'off'}).")
     print("\n".join(write()[len(head):]))
     return 0
 

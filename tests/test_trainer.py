@@ -2,6 +2,7 @@
 early stop and advantage guard, runs, resume (after a kill and after the time limit), the
 evaluation records, the CLI's clear errors, and GGUF quantization flags."""
 
+import copy
 import dataclasses
 import json
 import sys
@@ -9,18 +10,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import get_scheduler
+from transformers import GenerationConfig, get_scheduler
 
 from assignment.trainer import cli
-from assignment.trainer.config import DataConfig, load_config
+from assignment.trainer.config import ConfigError, DataConfig, load_config
 from assignment.trainer.impl import ImplError, load_impl, load_module
 from assignment.trainer.loading import build_models, clear_quantization_flags, load_tokenizer
-from assignment.model import tiny_llama
+from assignment.model import PolicyWithValueHead, tiny_llama
 from assignment.trainer.batch import minibatches, response_slice, trim_padding
-from assignment.trainer.ppo import KLController, UpdateConfig, guard_advantages, ppo_update
+from assignment.trainer.ppo import KLController, UpdateConfig, first_kl_tolerance, guard_advantages, ppo_update
 from assignment.trainer.rollout import (collect, generate, generation_copy, refresh_copy, render_prompts,
-                                       response_mask_from_ids, sample)
-from assignment.trainer import loop
+                                       response_forward, response_mask_from_ids, sample)
+from assignment.helpers import logprobs_from_logits
+from assignment.trainer import attention, loop
 from assignment.trainer import rollout as rollout_module
 from assignment.trainer.loop import FINISHED, TIME_LIMIT, RunDirError, train
 from assignment.trainer.runlog import read_jsonl
@@ -177,6 +179,94 @@ def test_ppo_update_steps_the_optimizer_once_per_accumulation_cycle(rollout_setu
                          torch.Generator().manual_seed(0))
     assert flags == [False, True] * 6  # 3 epochs x 4 minibatches, a step every second one
     assert sched.last_epoch == 6 and metrics["loss/total"] == 0.0
+
+
+def float64_policy(seed=0):
+    """A tiny float64 policy (its value head too): two ways of summing the same terms differ
+    by rounding only (float32's inside transformers' RMSNorm, which upcasts to float32)."""
+    lm = tiny_llama(vocab_size=40, hidden_size=16, num_layers=1, seed=seed, dtype=torch.float64)
+    policy = PolicyWithValueHead(lm).double()
+    torch.manual_seed(seed)
+    torch.nn.init.normal_(policy.value_head.weight, std=0.1)  # nonzero values, so the value loss has a gradient
+    return policy
+
+
+def handmade_batch(policy, lengths, P=3, temperature=1.0, seed=0):
+    """A minibatch dict (the contract's) of len(lengths) rows with those response lengths,
+    logprobs_old and values_old from the policy itself (ratio 1), random advantages and returns."""
+    gen = torch.Generator().manual_seed(seed)
+    B, T = len(lengths), max(lengths)
+    response_mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    input_ids = torch.randint(1, 40, (B, P + T), generator=gen)
+    attention_mask = torch.cat([torch.ones(B, P, dtype=torch.long), response_mask.long()], dim=1)
+    with torch.no_grad():
+        logits, values = policy(input_ids, attention_mask)
+    logprobs = torch.log_softmax(response_slice(logits, P, T) / temperature, -1)
+    logprobs = logprobs.gather(-1, input_ids[:, P:, None]).squeeze(-1)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "response_ids": input_ids[:, P:],
+            "response_mask": response_mask, "logprobs_old": logprobs, "values_old": response_slice(values, P, T),
+            "advantages": torch.randn(B, T, generator=gen, dtype=torch.float64),
+            "returns": torch.randn(B, T, generator=gen, dtype=torch.float64), "prompt_length": P}
+
+
+def test_length_grouping_keeps_each_optimizer_steps_rows_and_orders_them_by_length():
+    batch = handmade_batch(float64_policy(), [1, 4, 3, 2, 4, 1, 2, 3])
+    batch["row"] = torch.arange(8)
+    plain = [mb["row"].tolist() for mb in minibatches(batch, 2, torch.Generator().manual_seed(0))]
+    grouped = list(minibatches(batch, 2, torch.Generator().manual_seed(0), length_groups=4))
+    rows = [mb["row"].tolist() for mb in grouped]
+    # the same 4 rows reach each optimizer step (2 minibatches of 2), ordered by response length
+    for cycle in (0, 2):
+        assert sorted(rows[cycle] + rows[cycle + 1]) == sorted(plain[cycle] + plain[cycle + 1])
+        lengths = torch.cat([mb["response_mask"].sum(-1) for mb in grouped[cycle:cycle + 2]]).tolist()
+        assert lengths == sorted(lengths)
+    assert rows != plain  # the grouping changed the minibatches
+
+
+def test_length_grouped_cycles_step_on_the_token_mean_of_all_their_rows(monkeypatch):
+    """With ppo.length_grouping an optimizer step over 4 minibatches of 2 rows moves the weights
+    exactly as one minibatch of all 8 rows would: the gradient of their token mean. Without the
+    token-share weights the same grouping steps elsewhere (the test can fail)."""
+    lengths = [1, 7, 2, 7, 3, 6, 1, 5]
+
+    def gradient(minibatch_size, accum, grouping, weights=True):
+        policy = float64_policy()
+        batch = handmade_batch(policy, lengths)
+        cfg = load_config(None, TINY + ["rollout.batch_size=8", f"ppo.minibatch_size={minibatch_size}",
+                                        f"ppo.grad_accum_steps={accum}", "ppo.epochs=1", "ppo.max_grad_norm=1e9",
+                                        "ppo.vf_coeff=0.5", "ppo.entropy_coeff=0.01", "rollout.temperature=1.0",
+                                        f"ppo.length_grouping={grouping}"])
+        if not weights:
+            monkeypatch.setattr("assignment.trainer.ppo.token_share_weights", lambda epoch, accum: [1.0] * len(epoch))
+        grads = {}
+
+        class Recording(torch.optim.SGD):  # what an optimizer step would apply
+            def step(self, closure=None):
+                grads.update({name: p.grad.clone() for name, p in policy.named_parameters()})
+
+        opt = Recording(policy.parameters(), lr=0.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
+        ppo_update(SOLUTION, policy, opt, sched, batch, cfg, torch.Generator().manual_seed(0))
+        monkeypatch.undo()
+        return torch.cat([g.flatten() for g in grads.values()])
+
+    whole = gradient(8, 1, False)
+    grouped = gradient(2, 4, True)
+    # Both compute the same sum of per-token gradients, grouped and scaled otherwise (the
+    # weight multiplies a gradient at the parameters, not the loss). The weights are float64,
+    # but transformers' RMSNorm computes in float32 whatever the model's dtype, so the
+    # gradients below the model's three norms carry float32 roundings (u = 2^-24): each
+    # backward through a norm and what follows it rounds ~10 times, so 64u of the gradient's
+    # scale bounds the difference with room (measured: 1.6u).
+    scale = float(whole.abs().max())
+    assert float((grouped - whole).abs().max()) <= 64 * 2.0**-24 * scale
+    unweighted = gradient(2, 4, True, weights=False)
+    assert float((unweighted - whole).abs().max()) > 1e-3 * scale
+
+
+def test_length_grouping_is_for_ppo_only():
+    with pytest.raises(ConfigError, match="length_grouping"):
+        load_config(None, ["algorithm=grpo", "rollout.group_size=2", "ppo.length_grouping=true"])
 
 
 class ScriptedKL:
@@ -338,6 +428,72 @@ def test_the_generation_copy_is_frozen_and_refreshed_in_its_dtype():
     for copied, weight in zip(sampler.parameters(), lm.parameters(), strict=True):
         assert torch.equal(copied, weight.to(torch.bfloat16))
     assert all(p.dtype == torch.float32 and p.requires_grad for p in lm.parameters())
+
+
+def test_the_generation_copy_samples_without_checkpointing_hooks_and_with_grouped_attention():
+    lm = tiny_llama(vocab_size=30, hidden_size=16, num_layers=1, seed=0)
+    (getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable)()
+    assert lm.get_input_embeddings()._forward_hooks  # what checkpointing leaves on the policy's LM
+    sampler = generation_copy(lm, torch.bfloat16)
+    assert not sampler.get_input_embeddings()._forward_hooks and lm.get_input_embeddings()._forward_hooks
+    assert sampler.config._attn_implementation == attention.NAME and lm.config._attn_implementation == "sdpa"
+
+
+def test_grouped_decoding_attention_decodes_what_sdpa_decodes(monkeypatch):
+    """Two query heads per key/value head (4 and 2): decoding with the grouped attention gives
+    sdpa's tokens and logits, from the dynamic and the static cache, with left-padded prompts;
+    and it did attend with the grouped query (B, H_kv, g, d), not with a repeated cache."""
+    lm = tiny_llama(vocab_size=64, hidden_size=32, num_layers=2, seed=0, dtype=torch.float64)
+    grouped = copy.deepcopy(lm)
+    attention.use_grouped_decoding(grouped)
+    ids = torch.randint(1, 64, (3, 7), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[0, :3] = mask[1, :1] = 0
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    queries = []
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, *args, **kwargs: queries.append(tuple(q.shape)) or sdpa(q, *args, **kwargs))
+    for cache in ({}, {"cache_implementation": "static"}):
+        config = GenerationConfig(do_sample=False, max_new_tokens=8, pad_token_id=0, eos_token_id=[63],
+                                  output_logits=True, return_dict_in_generate=True, **cache)
+        plain = lm.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        queries.clear()
+        mine = grouped.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        assert (3, 2, 2, 8) in queries  # (B, H_kv, g, d): the decoding steps' grouped query
+        assert torch.equal(plain.sequences, mine.sequences)
+        # The same products and softmax, batched otherwise. The weights are float64 but
+        # transformers' RMSNorm rounds to float32, so the bound is first_kl_tolerance's for this
+        # model in float32: the same weights on batches of other shapes.
+        largest = max(float(step.abs().max()) for step in plain.logits)
+        tolerance = first_kl_tolerance(PolicyWithValueHead(copy.deepcopy(lm).float()), largest)
+        assert max(float((a - b).abs().max()) for a, b in zip(plain.logits, mine.logits)) <= tolerance
+
+
+def test_the_scoring_forward_by_length_gives_the_whole_batch_forward():
+    """response_forward puts rows into chunks by response length, trims each chunk and runs the
+    LM head on the response columns only: the log-probs and values of one plain forward of the
+    whole (B, P+T) batch, within the rounding of batches of other shapes (first_kl_tolerance)."""
+    policy = PolicyWithValueHead(tiny_llama(vocab_size=40, hidden_size=16, num_layers=2, seed=1))
+    torch.nn.init.normal_(policy.value_head.weight, std=0.5)
+    P, T, temperature = 5, 6, 0.7
+    prompt_lengths, response_lengths = [5, 2, 3, 5, 1, 4, 2], [6, 1, 3, 6, 2, 1, 4]
+    gen = torch.Generator().manual_seed(0)
+    prompt_mask = torch.arange(P)[None, :] >= P - torch.tensor(prompt_lengths)[:, None]
+    response_mask = torch.arange(T)[None, :] < torch.tensor(response_lengths)[:, None]
+    mask = torch.cat([prompt_mask, response_mask], dim=1).long()
+    ids = torch.where(mask.bool(), torch.randint(1, 40, mask.shape, generator=gen), 0)
+    with torch.no_grad():
+        logits, values = policy(ids, mask)
+    expected = logprobs_from_logits(response_slice(logits, P, T) / temperature, ids[:, P:])
+    expected_values = response_slice(values, P, T)
+    tolerance = first_kl_tolerance(policy, float(max(expected[response_mask].abs().max(),
+                                                     expected_values[response_mask].abs().max())))
+    for chunk in (1, 3, 7):
+        with torch.no_grad():
+            logprobs, got_values = response_forward(policy, ids, mask, P, temperature, chunk)
+        assert float((logprobs - expected)[response_mask].abs().max()) <= tolerance
+        assert float((got_values - expected_values)[response_mask].abs().max()) <= tolerance
+    assert float(expected_values[response_mask].abs().min()) > 0  # the values are compared, not zeros
 
 
 def test_fixed_length_prompts_for_compiled_decoding_change_no_response(rollout_setup):
@@ -637,7 +793,25 @@ def test_the_rollout_benchmark_runs_every_variant_on_cpu(tmp_path):
     assert bench.main(["--config", str(config), "--repeats", "1", "--out", str(out),
                        "rollout.batch_size=8", "ppo.minibatch_size=4", "train.cpu_threads=1"]) == 0
     text = out.read_text()
-    assert all(f"| {name} |" in text for name in bench.VARIANTS) and "## One PPO update" in text
+    assert all(f"| {name} |" in text for name in bench.VARIANTS)
+
+
+def test_the_ppo_step_benchmark_times_the_trainers_steps_on_cpu(tmp_path):
+    """benchmarks/ppo_step.py runs the trainer for a few steps with its timers in place and writes
+    its tables; on CPU the numbers mean nothing and are not checked, only that every part ran."""
+    bench = load_module(Path(__file__).resolve().parents[1] / "benchmarks" / "ppo_step.py", "ppo_step")
+    config = Path(__file__).resolve().parents[1] / "configs" / "cpu_synthetic.yaml"
+    result, out = tmp_path / "run.json", tmp_path / "ppo_step.md"
+    assert bench.main(["--config", str(config), "--steps", "2", "--label", "cpu", "--json", str(result),
+                       "--output-dir", str(tmp_path / "run"), "rollout.batch_size=8", "ppo.minibatch_size=4",
+                       "train.cpu_threads=1", "train.progress=false"]) == 0
+    steps = json.loads(result.read_text())["steps"]
+    assert [row["step"] for row in steps] == [1, 2]
+    assert all(row["generate_s"] > 0 and row["policy_forward_s"] > 0 and row["reference_forward_s"] > 0
+               and 0 < row["update_real_tokens"] <= row["update_columns"] for row in steps)
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()  # stopped before the last step's checkpoint
+    assert bench.main(["--report", str(result), str(result), "--out", str(out)]) == 0
+    assert "| cpu |" in out.read_text() and "real-token MFU" in out.read_text()
 
 
 # --- the CPU demo shows exercise-5 bugs ---------------------------------------------------------

@@ -58,10 +58,20 @@ def trim_padding(batch: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def minibatches(batch: dict[str, Any], minibatch_size: int, generator: torch.Generator) -> Iterator[dict[str, Any]]:
-    """One epoch of shuffled minibatches of ``batch`` (rows are responses), padding trimmed."""
+def minibatches(batch: dict[str, Any], minibatch_size: int, generator: torch.Generator,
+                length_groups: int = 0) -> Iterator[dict[str, Any]]:
+    """One epoch of shuffled minibatches of ``batch`` (rows are responses), padding trimmed.
+
+    With ``length_groups`` (rows per optimizer step, a multiple of ``minibatch_size``), each run
+    of that many shuffled rows is put in order of response length before it is cut: the same
+    rows reach each optimizer step, in minibatches of similar lengths (less padding).
+    """
     B = batch["input_ids"].shape[0]
     order = torch.randperm(B, generator=generator)
+    if length_groups:
+        lengths = batch["response_mask"].sum(dim=-1).cpu()[order]  # (B,) in shuffled order
+        order = torch.cat([group[torch.argsort(group_lengths, stable=True)]
+                           for group, group_lengths in zip(order.split(length_groups), lengths.split(length_groups))])
     for start in range(0, B, minibatch_size):
         rows = order[start:start + minibatch_size].to(batch["input_ids"].device)
         yield trim_padding({k: (v[rows] if torch.is_tensor(v) else v) for k, v in batch.items()})

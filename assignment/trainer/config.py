@@ -184,6 +184,14 @@ class PPOConfig:
     min_reward_std: float = 0.0
     # Clip the whitened advantages to [-advantage_clip, advantage_clip] (null: no clip).
     advantage_clip: Optional[float] = None
+    # Cut each optimizer step's rows (the same shuffled minibatch_size x grad_accum_steps rows)
+    # into minibatches in order of response length, so that each minibatch pads to a length
+    # close to its own rows'. Each minibatch's gradient is then weighted by its share of the
+    # optimizer step's real tokens, so that the step follows the token mean over all its rows,
+    # whatever the grouping (off: each minibatch's token mean counts 1 / grad_accum_steps, as the
+    # contract's exercise 5 divides it). PPO only, and not under FSDP. Measured on 256 Qwen
+    # responses (H200): 31% of the update's columns were padding without it.
+    length_grouping: bool = False
 
 
 @dataclass(frozen=True)
@@ -351,6 +359,8 @@ def _validate(cfg: Config) -> None:
     need(ppo.target_kl is None or ppo.target_kl > 0, "ppo.target_kl must be null or > 0")
     need(ppo.min_reward_std >= 0, "ppo.min_reward_std must be >= 0")
     need(ppo.advantage_clip is None or ppo.advantage_clip > 0, "ppo.advantage_clip must be null or > 0")
+    # GRPO's and Dr. GRPO's losses are not token means over a minibatch: a token-share weight would be wrong for them.
+    need(not ppo.length_grouping or cfg.algorithm == "ppo", "ppo.length_grouping is for algorithm ppo only")
     need(cfg.kl.coeff >= 0, f"kl.coeff must be >= 0, got {cfg.kl.coeff}")
     need(cfg.kl.target > 0 and cfg.kl.horizon > 0, "kl.target and kl.horizon must be > 0")
     # The controller multiplies the coefficient: from 0 it would stay 0 for ever.

@@ -104,6 +104,9 @@ class Distributed:
         if batch % n or minibatch % n:
             raise ConfigError(f"rollout.batch_size ({batch}) and ppo.minibatch_size ({minibatch}) are global and "
                               f"must be divisible by the number of processes ({n})")
+        # Its gradient weights are hooks on the parameters, untested on FSDP's sharded ones.
+        if self.fsdp and cfg.ppo.length_grouping:
+            raise ConfigError("ppo.length_grouping is not supported under FSDP: set ppo.length_grouping=false")
 
     def device(self, name: str) -> torch.device:
         """The device of this process: accelerate's (cuda:LOCAL_RANK, or cpu under --cpu) in a job of

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
@@ -173,6 +174,37 @@ def early_stop_bound(cfg: PPOConfig) -> float | None:
     return None if cfg.target_kl is None else TARGET_KL_FACTOR * cfg.target_kl
 
 
+def token_share_weights(epoch: list[dict[str, Any]], accum: int) -> list[float]:
+    """For ``ppo.length_grouping``: each minibatch's weight ``accum * n_k / N``, where ``n_k`` is
+    its real response tokens and ``N`` those of its accumulation cycle (``accum`` consecutive
+    minibatches). Exercise 5 divides each minibatch's token-mean loss by ``accum``; times these
+    weights, the cycle's gradient is that of the token mean over all its rows, as if they were one
+    minibatch, however they were grouped."""
+    tokens = [float(minibatch["response_mask"].sum()) for minibatch in epoch]
+    weights = []
+    for start in range(0, len(tokens), accum):
+        cycle = tokens[start:start + accum]
+        total = sum(cycle)
+        weights += [accum * n / total if total else 1.0 for n in cycle]
+    return weights
+
+
+@contextmanager
+def scaled_gradients(model: torch.nn.Module, scale: float | None) -> Iterator[None]:
+    """Inside the block, every gradient that reaches a parameter of ``model`` is multiplied by
+    ``scale`` before it is accumulated into ``.grad`` (nothing happens for None). The loss that
+    student code computes is left as it is; only the sum the optimizer steps on is reweighted."""
+    if scale is None:
+        yield
+        return
+    handles = [param.register_hook(lambda grad: grad * scale) for param in model.parameters() if param.requires_grad]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: Any, batch: dict[str, Any], cfg: Config, generator: torch.Generator,
                progress: Any = None,
@@ -195,6 +227,10 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     the ratio is exactly 1 and both must be 0 up to float rounding, the sanity check of the
     exercises (the means mix in later minibatches, where the policy has moved).
 
+    With ``ppo.length_grouping``, the rows of each optimizer step are cut into minibatches by
+    response length (``minibatches``) and each minibatch's gradient is weighted by its share of
+    the step's real tokens (``token_share_weights``, ``scaled_gradients``).
+
     ``around(minibatch)``, when given, is a context manager around each minibatch's call (GRPO's
     ``grpo.policy_loss_swap``); the dict it yields is merged into that minibatch's metrics. PPO
     passes none.
@@ -206,20 +242,25 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     """
     update_cfg = UpdateConfig.from_config(cfg)
     accum, bound = cfg.ppo.grad_accum_steps, early_stop_bound(cfg.ppo)
+    size = minibatch_size or cfg.ppo.minibatch_size
+    length_groups = size * accum if cfg.ppo.length_grouping else 0
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     policy.train()
     optimizer.zero_grad()
     ran, stopped, first = 0, False, {}
     for _ in range(cfg.ppo.epochs):
-        for i, minibatch in enumerate(minibatches(batch, minibatch_size or cfg.ppo.minibatch_size, generator)):
+        epoch = list(minibatches(batch, size, generator, length_groups))
+        weights = token_share_weights(epoch, accum) if length_groups else [None] * len(epoch)
+        for i, (minibatch, weight) in enumerate(zip(epoch, weights)):
             step_optimizer = (i + 1) % accum == 0
-            if around is None:
-                metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
-            else:
-                with around(minibatch) as extra:
+            with scaled_gradients(policy, weight):
+                if around is None:
                     metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
-                metrics = {**metrics, **extra}
+                else:
+                    with around(minibatch) as extra:
+                        metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
+                    metrics = {**metrics, **extra}
             if step_optimizer:
                 scheduler.step()
             for key, value in metrics.items():

@@ -135,17 +135,20 @@ def deferred_stop_check(device: torch.device) -> Iterator[None]:
         checker.is_supported = original
 
 
-def response_forward(forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]],
+def response_forward(forward: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None]],
                      input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
                      temperature: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Tempered log-probs of the response tokens (B, T) and values (B, T) (None if no value head);
     padded positions hold unspecified values.
 
-    ``forward(input_ids, attention_mask)`` returns ``(logits (b, P+T, V), values (b, P+T) or
-    None)``; it runs on chunks of ``chunk`` rows so that the (b, T, V) logits fit in memory. Rows
-    go into chunks by response length, and each chunk is cut to its own columns as the update's
-    minibatches are (``trim_padding``), so little of the work is padding. Positions come from
-    the mask, so a row's log-probs do not depend on its chunk beyond float rounding.
+    ``forward(input_ids, attention_mask, logits_to_keep)`` returns ``(logits (b, logits_to_keep, V)
+    for the last columns, values (b, P+T) or None)``, as ``PolicyWithValueHead`` and
+    ``reference_forward`` do. It runs on chunks of ``chunk`` rows so that the logits fit in
+    memory. Rows go into chunks by response length and each chunk is cut to its own columns, as
+    the update's minibatches are (``trim_padding``), and the LM head runs on the response's
+    columns only: measured on 256 Qwen rollouts (H200), 31% of a whole batch's columns are
+    padding and ~40% of the rest prompt. Positions come from the mask, so a row's log-probs do not
+    depend on its chunk beyond float rounding.
     """
     P = prompt_length
     B, T = input_ids.shape[0], input_ids.shape[1] - P
@@ -158,8 +161,13 @@ def response_forward(forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch
                              "response_mask": response_mask[rows], "prompt_length": P})
         ids, p = part["input_ids"], part["prompt_length"]
         t = ids.shape[1] - p
-        logits, vals = forward(ids, part["attention_mask"])
-        chunk_logprobs = logprobs_from_logits(response_slice(logits, p, t) / temperature, ids[:, p:])  # (b, t)
+        # The last t + 1 columns' logits are those of columns p-1 ... p+t-1: the response slice
+        # [p-1 : p+t-1] is all of them but the last.
+        logits, vals = forward(ids, part["attention_mask"], t + 1)
+        logits = logits[:, :-1]  # (b, t, V)
+        if temperature != 1.0:  # x / 1.0 is x exactly: no copy of the logits for nothing
+            logits = logits / temperature
+        chunk_logprobs = logprobs_from_logits(logits, ids[:, p:])  # (b, t)
         if logprobs is None:
             logprobs = chunk_logprobs.new_zeros(B, T)
             values = None if vals is None else torch.zeros(B, T, dtype=torch.float32, device=ids.device)
@@ -169,11 +177,12 @@ def response_forward(forward: Callable[[torch.Tensor, torch.Tensor], tuple[torch
     return logprobs, values
 
 
-def reference_forward(ref: PreTrainedModel) -> Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, None]]:
+def reference_forward(ref: PreTrainedModel) -> Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, None]]:
     """The reference LM as a ``forward`` for ``response_forward``, positions as in the policy."""
 
-    def forward(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, None]:
-        out = ref(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False)
+    def forward(ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int = 0) -> tuple[torch.Tensor, None]:
+        out = ref(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False,
+                  logits_to_keep=logits_to_keep)
         return out.logits, None
 
     return forward
