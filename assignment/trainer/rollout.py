@@ -14,8 +14,7 @@ tempered softmax, without the top-k / top-p truncation that sampling applied.
 
 from __future__ import annotations
 
-import contextlib
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -101,7 +100,7 @@ def generate(lm: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.T
     # A sharded LM all-gathers its weights in every decoding step: a process whose rows have all
     # ended must keep stepping (synced_gpus) until every process's have, or the others wait forever.
     synced = is_sharded(lm)
-    with contextlib.nullcontext() if synced else deferred_stop_check(prompt_ids.device):
+    with nullcontext() if synced else deferred_stop_check(prompt_ids.device):
         out = lm.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg,
                           synced_gpus=synced)
     return out[:, prompt_ids.shape[1]:]
@@ -116,9 +115,9 @@ def deferred_stop_check(device: torch.device) -> Iterator[None]:
     transformers has the remedy, ``DeferredStopCheck``: the flag is copied asynchronously and read
     one step later, and the one extra step at the end is removed from the output. It turns it on
     for Apple's mps only ("we should enable it for cuda if we observe perf gains"); this lets its
-    own check answer for CUDA as it does for mps. Measured (benchmarks/decode_profile.py, 256
-    responses of 400 tokens, compiled bfloat16 decoding, H100): 2.37 s instead of 2.96 s. A
-    transformers without it is unaffected.
+    own check answer for CUDA as it does for mps. Measured (the course repository's
+    decode_profile benchmark, 256 responses of 400 tokens, compiled bfloat16 decoding, H100):
+    2.37 s instead of 2.96 s. A transformers without it is unaffected.
     """
     checker = getattr(generation_utils, "DeferredStopCheck", None)
     if checker is None or device.type != "cuda":
@@ -147,9 +146,9 @@ def response_forward(forward: Callable[[torch.Tensor, torch.Tensor, int], tuple[
     ``reference_forward`` do. It runs on chunks of ``chunk`` rows so that the logits fit in
     memory. Rows go into chunks by response length and each chunk is cut to its own columns, as
     the update's minibatches are (``trim_padding``), and the LM head runs on the response's
-    columns only: measured on 256 Qwen rollouts (H200), 31% of a whole batch's columns are
-    padding and ~40% of the rest prompt. Positions come from the mask, so a row's log-probs do not
-    depend on its chunk beyond float rounding.
+    columns only (prompts are ~27% of the real tokens of 256 Qwen rollouts and need no logits).
+    Positions come from the mask, so a row's log-probs do not depend on its chunk beyond float
+    rounding.
     """
     P = prompt_length
     B, T = input_ids.shape[0], input_ids.shape[1] - P
@@ -272,7 +271,8 @@ def generation_copy(lm: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     sampler.__dict__.pop("_compiled_call", None)
     # Gradient checkpointing hooks the input embeddings (enable_input_require_grads); the copy
     # never trains, and the hook splits its compiled decoding step (7 compiled regions per step
-    # instead of 1, profiled), though no slower for it (benchmarks/decode_profile.py).
+    # instead of 1, profiled), though no slower for it (the course repository's decode_profile
+    # benchmark).
     if hasattr(sampler, "_require_grads_hook"):
         sampler.disable_input_require_grads()
     use_grouped_decoding(sampler)  # decoding attends to the KV cache without copying it per head group
