@@ -50,10 +50,13 @@ def test_the_worker_imports_nothing_of_the_grader():
 
 # A distribution's import name where code reaches it through another package.
 IMPORT_NAMES = {"tensorboard": "torch.utils.tensorboard"}
+# pytest plugins serve through an option in pytest's addopts (pyproject.toml), not an import.
+PLUGIN_OPTIONS = {"pytest-xdist": "-n "}
 
 
 def test_every_declared_dependency_is_imported_by_code_that_ships():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project, addopts = pyproject["project"], pyproject["tool"]["pytest"]["ini_options"]["addopts"]
     declared = list(project["dependencies"])
     for extra in project["optional-dependencies"].values():
         declared += [d for d in extra if not d.startswith("ppo-llm-course")]
@@ -61,6 +64,10 @@ def test_every_declared_dependency_is_imported_by_code_that_ships():
     unused = []
     for requirement in declared:
         name = re.split(r"[<>=!~\[; ]", requirement)[0]
+        if name in PLUGIN_OPTIONS:
+            if PLUGIN_OPTIONS[name] not in f" {addopts} ":
+                unused.append(name)
+            continue
         module = IMPORT_NAMES.get(name, name.replace("-", "_"))
         if not re.search(rf"^\s*(import|from)\s+{re.escape(module)}\b", sources, flags=re.M):
             unused.append(name)

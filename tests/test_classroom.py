@@ -108,6 +108,10 @@ class ClassRun:
     seconds: float
 
 
+# The tests of graded_class run on one xdist worker, one after another: one class grading for all.
+CLASS_GROUP = pytest.mark.xdist_group("graded-class")
+
+
 @pytest.fixture(scope="module")
 def graded_class(tmp_path_factory) -> ClassRun:
     base = tmp_path_factory.mktemp("class")
@@ -162,6 +166,7 @@ def single_gradings(run: ClassRun, out: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
+@CLASS_GROUP
 def test_every_row_and_results_file_equals_a_single_grading(graded_class, tmp_path):
     run = graded_class
     assert run.proc.returncode == 0, run.proc.stderr
@@ -199,6 +204,7 @@ def test_every_row_and_results_file_equals_a_single_grading(graded_class, tmp_pa
 
 
 @pytest.mark.slow
+@CLASS_GROUP
 def test_statuses_summary_and_exit_status(graded_class):
     run = graded_class
     assert run.proc.returncode == 0
@@ -217,6 +223,7 @@ def test_statuses_summary_and_exit_status(graded_class):
 
 
 @pytest.mark.slow
+@CLASS_GROUP
 def test_the_gradebook_names_the_right_students(graded_class):
     """Issue 17's done-when: the reason column, the mistakes-by-kind table and the similarity
     report of a class of corpus submissions, two identical copies and a key copy."""
@@ -267,6 +274,7 @@ def test_the_gradebook_names_the_right_students(graded_class):
 
 
 @pytest.mark.slow
+@CLASS_GROUP
 def test_a_rerun_grades_nobody_and_a_touched_submission_alone_is_regraded(graded_class):
     run = graded_class
     results = sorted((run.out / "results").glob("*.json"))

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -50,10 +51,37 @@ FULL = load_config()
 QUICK = load_config(QUICK_EXAMPLES, call_timeout_s=4.0)
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: under xdist a worker comes back to this module's tests between others' (slow ones
+# first); the fork server stays up meanwhile instead of importing torch again each time.
+@pytest.fixture(scope="session")
 def sandbox():
     with open_sandbox(QUICK, CONFIG) as shared:
         yield shared
+
+
+# Gradings that several tests read: a mutant's own test and the feedback tests below grade the same
+# text on the same exercises under QUICK. Grading is deterministic (test_three_gradings_are_identical
+# grades for real, three times), so each is graded once per test process and every reader gets
+# that grading and its warnings, re-emitted to each. Under xdist the readers are one group, on one worker.
+SHARED = pytest.mark.xdist_group("shared-quick-gradings")
+SHARED_MUTANTS = {"policy_sign_flipped", "entropy_naive_log_softmax", "update_zero_grad_first", "value_missing_half",
+                  "value_clipfrac_ge", "update_no_temperature"}
+_gradings: dict = {}
+
+
+def graded(text: str, exercises: set[int], sandbox) -> tuple:
+    """(result, warnings) of grade(text, QUICK, CONFIG, exercises, sandbox), once per text, exercises and
+    hidden seed; the warnings it raised are raised again to each caller."""
+    key = (text, frozenset(exercises), os.environ.get(QUICK.seeds.hidden_env))
+    if key not in _gradings:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            result = grade(text, QUICK, CONFIG, exercises=exercises, sandbox=sandbox)
+        _gradings[key] = result, tuple(seen)
+    result, seen = _gradings[key]
+    for w in seen:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return result, seen
 
 
 def by_exercise(result) -> dict[int, float]:
@@ -93,9 +121,10 @@ def test_blank_gets_zero_with_not_implemented_feedback():
 # ---- mutants, alternatives, the wrong ---------------------------------------------------------------
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", corpus.MUTANTS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=SHARED) if v.name in SHARED_MUTANTS else v
+                                     for v in corpus.MUTANTS], ids=lambda v: v.name)
 def test_mutant_loses_points_with_feedback(variant, sandbox):
-    result = grade(corpus.render(variant), QUICK, CONFIG, exercises={variant.exercise}, sandbox=sandbox)
+    result, _ = graded(corpus.render(variant), {variant.exercise}, sandbox)
     assert result.score < MAX_SCORES[variant.exercise], f"{variant.name} was not caught"
     visible = [c for c in result.checks if not c.passed and c.visibility == "visible"]
     assert visible and all(c.feedback for c in visible)
@@ -160,8 +189,9 @@ def test_independently_written_wrong_files_lose_points_on_every_exercise(path, s
 
 # ---- feedback ----------------------------------------------------------------------------------------
 
+@SHARED
 def test_feedback_names_check_counterexample_error_and_hint(sandbox):
-    result = grade(corpus.render(corpus.by_name("policy_sign_flipped")), QUICK, CONFIG, exercises={1}, sandbox=sandbox)
+    result, _ = graded(corpus.render(corpus.by_name("policy_sign_flipped")), {1}, sandbox)
     loss = next(c for c in result.checks if c.check == "loss")
     assert "Counterexample (shrunk)" in loss.feedback
     assert "expected" in loss.feedback and "got" in loss.feedback and "allowed" in loss.feedback
@@ -169,13 +199,10 @@ def test_feedback_names_check_counterexample_error_and_hint(sandbox):
     assert "shape (" in loss.feedback and "[[" in loss.feedback  # tensors printed in their shapes
 
 
+@SHARED
 def test_exercise_5_feedback_gives_a_snippet_that_reruns_the_case(sandbox, tmp_path):
-    import warnings
-
     text = corpus.render(corpus.by_name("update_no_temperature"))
-    with warnings.catch_warnings(record=True) as seen:
-        warnings.simplefilter("always")
-        result = grade(text, QUICK, CONFIG, exercises={5}, sandbox=sandbox)
+    result, seen = graded(text, {5}, sandbox)  # seen: every warning the grading raised
     # Hypothesis's warnings are for its users (e.g. "Generating overly large repr"): none reaches a TA
     assert not [w for w in seen if "hypothesis" in type(w.message).__module__], [str(w.message) for w in seen]
     check = next(c for c in result.checks if c.check == "metrics")
@@ -189,17 +216,17 @@ def test_exercise_5_feedback_gives_a_snippet_that_reruns_the_case(sandbox, tmp_p
     assert "loss/policy" in run.stdout
 
 
+@SHARED
 def test_naive_entropy_is_named_not_called_a_padding_leak(sandbox):
-    result = grade(corpus.render(corpus.by_name("entropy_naive_log_softmax")), QUICK, CONFIG, exercises={3},
-                   sandbox=sandbox)
+    result, _ = graded(corpus.render(corpus.by_name("entropy_naive_log_softmax")), {3}, sandbox)
     feedback = "\n".join(c.feedback for c in result.checks if not c.passed and c.visibility == "visible")
     assert "log(softmax(z)) underflows" in feedback or "log(0) = -inf" in feedback
     assert "padding leaks" not in feedback
 
 
+@SHARED
 def test_zero_grad_first_gets_a_hint(sandbox):
-    result = grade(corpus.render(corpus.by_name("update_zero_grad_first")), QUICK, CONFIG, exercises={5},
-                   sandbox=sandbox)
+    result, _ = graded(corpus.render(corpus.by_name("update_zero_grad_first")), {5}, sandbox)
     feedback = "\n".join(c.feedback for c in result.checks if not c.passed)
     assert "Zero them only after optimizer.step()" in feedback
     assert max(len(c.feedback.split("To rerun")[0].splitlines()) for c in result.checks) < 60
@@ -207,8 +234,9 @@ def test_zero_grad_first_gets_a_hint(sandbox):
 
 # ---- hidden checks -----------------------------------------------------------------------------------
 
+@SHARED
 def test_hidden_checks_show_only_the_graders_words(sandbox):
-    result = grade(corpus.render(corpus.by_name("policy_sign_flipped")), QUICK, CONFIG, exercises={1}, sandbox=sandbox)
+    result, _ = graded(corpus.render(corpus.by_name("policy_sign_flipped")), {1}, sandbox)
     hidden = [c for c in result.checks if c.check.startswith("hidden")]
     assert all(c.visibility == "after_published" for c in hidden)
     assert {c.check for c in hidden if not c.passed} == {"hidden_loss", "hidden_gradient"}  # partial credit
@@ -238,8 +266,9 @@ def test_exercise_5_oracle_answers_only_the_cases_own_tensors(sandbox):
     assert "the grader's reference answers only those" in feedback
 
 
+@SHARED
 def test_student_output_shows_visible_totals_and_no_staff_note(sandbox):
-    result = grade(corpus.render(corpus.by_name("value_missing_half")), QUICK, CONFIG, exercises={2}, sandbox=sandbox)
+    result, _ = graded(corpus.render(corpus.by_name("value_missing_half")), {2}, sandbox)
     out = report.to_gradescope(result)
     assert out["output"].startswith("Visible checks: ")
     hidden_points = sum(c.max_score for c in result.checks if c.visibility != "visible")
@@ -256,9 +285,10 @@ def test_three_gradings_are_identical(sandbox):
     assert runs[0]["score"] < MAX_SCORES[4]
 
 
+@SHARED
 def test_hidden_seed_changes_hidden_examples_only(sandbox, monkeypatch):
     text = corpus.render(corpus.by_name("value_clipfrac_ge"))
-    public = grade(text, QUICK, CONFIG, exercises={2}, sandbox=sandbox)
+    public, _ = graded(text, {2}, sandbox)
     monkeypatch.setenv(QUICK.seeds.hidden_env, "987654321")
     secret = grade(text, QUICK, CONFIG, exercises={2}, sandbox=sandbox)
     assert secret.extra["hidden_seed_source"] == "env" and public.extra["hidden_seed_source"] == "public-fallback"
@@ -283,8 +313,16 @@ def _sleepers() -> list[int]:
     return found
 
 
+# The sandbox uid's process limit (worker.nproc) is per uid and machine-wide: while the fork bomb
+# holds it, a worker of another grading as that uid cannot start a thread (the training check's
+# second torch thread: libgomp aborts). Under xdist the two never run at once: one worker runs
+# this group's tests one after another.
+NPROC_GROUP = pytest.mark.xdist_group("sandbox-uid-nproc")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", corpus.ATTACKS, ids=lambda v: v.name)
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=NPROC_GROUP) if v.name == "attack_fork_bomb_import" else v
+                                     for v in corpus.ATTACKS], ids=lambda v: v.name)
 def test_attack_is_withstood_in_bounded_time(variant, sandbox):
     started = time.monotonic()
     name = variant.name
@@ -461,6 +499,7 @@ def test_user_sandbox_refuses_staff_files_another_user_can_read(tmp_path):
 # ---- the CPU learning check (exercise 0) ---------------------------------------------------------------
 
 @pytest.mark.slow
+@NPROC_GROUP
 @pytest.mark.parametrize("variant,passes", [(None, True), ("policy_sign_flipped", False)])
 def test_training_check_passes_the_solution_and_fails_a_sign_flip(variant, passes):
     text = (ROOT / "solutions" / "exercises.py").read_text() if variant is None else \

@@ -33,7 +33,9 @@ def _config(examples: int | None = None) -> config.GradingConfig:
 FULL, QUICK = _config(), _config(15)
 
 
-@pytest.fixture(scope="module")
+# Session-scoped: under xdist a worker comes back to this module's tests between others' (slow ones
+# first); the fork server stays up meanwhile instead of importing torch again each time.
+@pytest.fixture(scope="session")
 def sandbox():
     with open_sandbox(QUICK, CONFIG) as shared:
         yield shared
