@@ -72,7 +72,10 @@ def receive(fd: int) -> tuple[dict, dict[str, torch.Tensor]]:
         raise ProtocolError(f"payload of {m} bytes")
     blob = _read_exact(fd, m)
     try:
-        tensors = st_load(blob) if m else {}
+        # safetensors hands them back in an order that changes from process to process (a hash
+        # map's): by name, so that whatever iterates over them (a feedback naming the first changed
+        # parameter) says the same every time.
+        tensors = dict(sorted(st_load(blob).items())) if m else {}
     except Exception as err:  # safetensors raises its own error types
         raise ProtocolError(f"payload is not safetensors: {err}") from None
     return header, tensors
