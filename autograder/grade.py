@@ -16,6 +16,7 @@ import platform
 import time
 import warnings
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -29,7 +30,7 @@ from hypothesis.errors import HypothesisException, HypothesisWarning
 from assignment.contract import exercise, is_bonus
 from assignment.trainer.runlog import REWARD_WINDOW
 
-from . import __version__, calls
+from . import __version__, calls, replay
 from .config import GradingConfig, hidden_seed
 from .exercises import CHECKS, MODULES, Check, update
 from .sandbox import Limits, Sandbox, WorkerDied, WorkerTimeout, check_unreadable, detect_strategy, secret_paths
@@ -280,18 +281,21 @@ def _zero(number: int, check: Check, cfg: GradingConfig, message: str) -> CheckR
     return CheckResult(number, check.id, check.description, 0.0, c.points, c.visibility, message)
 
 
-def _evaluate(number: int, case, context: dict, run: Callable):
-    """(submission's result, reference's result, validation problems) for one case."""
-    ref = []  # computed while the worker runs the submission
+def _evaluate(number: int, case, context: dict, run: Callable, reference=None):
+    """(submission's result, reference's result, validation problems) for one case. The reference
+    is computed while the worker runs the submission, unless it is given (a replayed example)."""
+    ref = [] if reference is None else [reference]
+
+    def meanwhile():
+        if not ref:
+            ref.append(update.run_reference(context["model"], case) if number == 5 else
+                       calls.call_reference(exercise(number), case))
+
     if number == 5:
-        model = context["model"]
         sub, problems = update.call_submission(
-            case, model, lambda h, t: run(h, t, update.oracle_for(case),
-                                          lambda: ref.append(update.run_reference(model, case))))
+            case, context["model"], lambda h, t: run(h, t, update.oracle_for(case), meanwhile))
     else:
-        ex = exercise(number)
-        sub, problems = calls.call_submission(
-            ex, case, lambda h, t: run(h, t, None, lambda: ref.append(calls.call_reference(ex, case))))
+        sub, problems = calls.call_submission(exercise(number), case, lambda h, t: run(h, t, None, meanwhile))
     return sub, (ref[0] if ref else None), problems
 
 
@@ -301,6 +305,12 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
     c = cfg.check(number, check.id)
     timeout = cfg.worker.update_timeout_s if number == 5 else cfg.worker.call_timeout_s
     failures: list[_Failed] = []
+    seed = _seed_for(base_seed, number, check.id)
+    # Examples recorded by an earlier grading (replay.py); never those of the hidden seed.
+    name = replay.key(number, check.id, seed, c.examples) if base_seed == cfg.seeds.public else None
+    recorded = replay.load(name, context.get("model")) if name else None
+    recording = [] if name and recorded is None else None
+    answered: deque = deque()  # (digest, outcome) of the recorded examples run before Hypothesis
 
     def run(header, tensors, oracle, meanwhile):
         try:
@@ -309,24 +319,24 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
             workers.drop()
             raise _Abort(f"{err}; the remaining checks of this exercise were not run", fatal=True) from None
 
-    @hypothesis_seed(_seed_for(base_seed, number, check.id))
+    @hypothesis_seed(seed)
     @settings(max_examples=c.examples, derandomize=True, database=None, deadline=None, print_blob=False,
               verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
               phases=(Phase.generate, Phase.shrink))
     @given(check.strategy(context))
     def prop(case):
-        failed = attempt(case)
+        failed = recalled(case) if answered else attempt(case)
         if failed is not None:
             failures.append(failed)
             if len(failures) > cfg.hypothesis.shrink_calls:
                 raise _Abort("", fatal=False)  # enough shrinking: report the smallest failure so far
             raise failed
 
-    def attempt(case) -> _Failed | None:
+    def attempt(case, reference=None) -> _Failed | None:
         """Run the check on one case: the failure, or None when it holds."""
         sub = ref = None
         try:
-            sub, ref, problems = _evaluate(number, case, context, run)
+            sub, ref, problems = _evaluate(number, case, context, run, reference)
             kind = "invalid"
             if not problems:
                 problems, kind = check.compare(case, ref, sub, c.ulps), "mismatch"
@@ -339,7 +349,31 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
                              f"{err.reply.get('message')}; the remaining checks of this exercise were not run",
                              fatal=True) from None
             problems, kind = [err.describe()], "error"
-        return _Failed(case, problems, kind, sub, ref) if problems else None
+        if problems:
+            return _Failed(case, problems, kind, sub, ref)
+        if recording is not None:
+            recording.append((case, ref))
+        return None
+
+    def replayed() -> bool:
+        """Run the recorded examples: True when every one holds (the check passes, as Hypothesis
+        would find). At the first failure, False: Hypothesis must run, and it meets the examples run
+        here first (``answered``). An abort escapes at once, as it would from Hypothesis."""
+        for i, (case, ref) in enumerate(recorded):
+            failed = attempt(case, ref)
+            if failed is not None:
+                answered.extend((replay.digest(c), None) for c, _ in recorded[:i])
+                answered.append((replay.digest(case), failed))
+                return False
+        return True
+
+    def recalled(case) -> _Failed | None:
+        """The outcome of a recorded example already run, without asking the worker again."""
+        expected, failed = answered.popleft()
+        if replay.digest(case) != expected:  # not the recorded sequence after all: run it as usual
+            answered.clear()
+            return attempt(case)
+        return failed
 
     def simplest(failure: _Failed) -> _Failed:
         """Hypothesis stops shrinking at shrink_calls: if the counterexample still has all-padding
@@ -362,7 +396,10 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
             # strategy, whose arguments hold the model's weights); the grader's settings are fixed
             # and tested, and neither a student nor a TA can act on such a line.
             warnings.simplefilter("ignore", HypothesisWarning)
-            prop()
+            if recorded is None or not replayed():
+                prop()
+        if recording is not None:
+            replay.save(name, recording)
         score, feedback = c.points, ""
     except _Failed as failure:
         score, feedback = 0.0, _feedback(number, check, simplest(failure), c.ulps, context, failures)
