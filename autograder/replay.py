@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import sys
@@ -51,6 +52,7 @@ LIBRARIES = ("torch", "numpy", "hypothesis", "transformers", "safetensors")
 # set again on loading.
 TYPES = {t.__name__: t for t in (Case, Called, UpdateCase, Updated)}
 NOT_RECORDED = {"initial"}
+ALIGN = 8  # bytes: the largest itemsize a recorded tensor has (float64, int64)
 
 
 def directory() -> Path:
@@ -65,10 +67,16 @@ ENTRY_MODULES = ("__main__", "__mp_main__")
 def _local_modules() -> tuple[str, ...]:
     """The names of the modules whose literals Hypothesis may draw (its own test of a local
     module: not in site-packages, not the standard library)."""
+    return _local_among(tuple(sys.modules))  # what is imported changes rarely: look again only then
+
+
+@functools.lru_cache(maxsize=None)
+def _local_among(names: tuple[str, ...]) -> tuple[str, ...]:
     from hypothesis.internal.constants_ast import is_local_module_file
 
-    return tuple(sorted(name for name, module in list(sys.modules.items())
-                        if isinstance(getattr(module, "__file__", None), str) and is_local_module_file(module.__file__)))
+    return tuple(sorted(name for name in names
+                        if isinstance(getattr(sys.modules.get(name), "__file__", None), str)
+                        and is_local_module_file(sys.modules[name].__file__)))
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,15 +113,14 @@ def key(number: int, check: str, seed: int, examples: int) -> str:
     return hashlib.sha256(json.dumps([grader, number, check, seed, examples]).encode()).hexdigest()
 
 
-# ---- (de)serialisation: JSON for the structure, tensors apart ----------------------------------
+# ---- (de)serialisation: JSON for the structure, the tensors' bytes packed in one buffer ---------
 
-def _encode(x, tensors: dict[str, torch.Tensor]):
+def _encode(x, tensors: list[torch.Tensor]):
     if isinstance(x, torch.Tensor):
         if not x.is_contiguous():  # a copy could reduce in another order: do not record it
             raise TypeError("non-contiguous tensor")
-        name = str(len(tensors))
-        tensors[name] = x.detach().clone()
-        return {"tensor": name}
+        tensors.append(x.detach())
+        return {"tensor": len(tensors) - 1}
     if type(x).__name__ in TYPES and type(x) is TYPES[type(x).__name__]:
         return {"type": type(x).__name__,
                 "fields": {f.name: _encode(getattr(x, f.name), tensors) for f in fields(x) if f.name not in NOT_RECORDED}}
@@ -128,7 +135,7 @@ def _encode(x, tensors: dict[str, torch.Tensor]):
     raise TypeError(f"cannot record a {type(x).__name__}")
 
 
-def _decode(x, tensors: dict[str, torch.Tensor], initial: dict):
+def _decode(x, tensors: list[torch.Tensor], initial: dict):
     if "tensor" in x:
         return tensors[x["tensor"]]
     if "type" in x:
@@ -146,13 +153,41 @@ def _decode(x, tensors: dict[str, torch.Tensor], initial: dict):
     return x["value"]
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _pack(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list]:
+    """One uint8 buffer holding every tensor's bytes, each at an offset aligned for any dtype, and
+    [dtype, shape, offset] of each: reading thousands of small tensors one by one from a
+    safetensors file takes a second, slicing one buffer a few milliseconds."""
+    layout, chunks, offset = [], [], 0
+    for t in tensors:
+        data = _bytes(t)
+        pad = -data.numel() % ALIGN
+        layout.append([str(t.dtype).removeprefix("torch."), list(t.shape), offset])
+        chunks += [data, torch.zeros(pad, dtype=torch.uint8)]
+        offset += data.numel() + pad
+    return torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8), layout
+
+
+def _unpack(buffer: torch.Tensor, layout: list) -> list[torch.Tensor]:
+    """The tensors of _pack, each a copy with storage of its own (a frame cannot carry views)."""
+    out = []
+    for dtype, shape, offset in layout:
+        dtype = getattr(torch, dtype)
+        n = math.prod(shape) * dtype.itemsize
+        out.append(buffer[offset:offset + n].view(dtype).reshape(shape).clone())
+    return out
+
+
 def digest(case) -> str:
     """A digest of one example (its tensors' dtypes, shapes and bytes, and everything else)."""
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: list[torch.Tensor] = []
     h = hashlib.sha256(json.dumps(_encode(case, tensors)).encode())
-    for name, t in tensors.items():
-        h.update(f"{name}{t.dtype}{tuple(t.shape)}".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    for t in tensors:
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(_bytes(t).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -162,8 +197,8 @@ def load(name: str, model: torch.nn.Module | None) -> list[tuple[object, object]
     try:
         with safe_open(directory() / f"{name}.safetensors", framework="pt") as f:
             description = json.loads(f.metadata()["examples"])
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
-    except (OSError, SafetensorError, ValueError, KeyError, TypeError):
+            tensors = _unpack(f.get_tensor("bytes"), json.loads(f.metadata()["layout"]))
+    except (OSError, SafetensorError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
         return None
     initial = dict(model.named_parameters()) if model is not None else {}
     return [(_decode(case, tensors, initial), _decode(ref, tensors, initial)) for case, ref in description]
@@ -171,18 +206,19 @@ def load(name: str, model: torch.nn.Module | None) -> list[tuple[object, object]
 
 def save(name: str, examples: list[tuple[object, object]]) -> None:
     """Record a check's examples (see load); silently keep nothing if they cannot be recorded."""
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: list[torch.Tensor] = []
     try:
         description = [[_encode(case, tensors), _encode(ref, tensors)] for case, ref in examples]
     except TypeError:
         return
+    buffer, layout = _pack(tensors)
     folder = directory()
     try:
         folder.mkdir(parents=True, exist_ok=True)
         os.chmod(folder, 0o700)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".recording-")
         os.close(fd)
-        save_file(tensors, tmp, metadata={"examples": json.dumps(description)})
+        save_file({"bytes": buffer}, tmp, metadata={"examples": json.dumps(description), "layout": json.dumps(layout)})
         os.replace(tmp, folder / f"{name}.safetensors")
     except OSError:
         return
