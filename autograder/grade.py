@@ -155,6 +155,33 @@ def _grading_model() -> torch.nn.Module:
     return update.grading_model()  # read only: every reference run works on a scratch copy
 
 
+class _Context(dict):
+    """What strategies, references and hints share: exercise 5's grading model, built on first use
+    (importing transformers takes seconds: a grading that replays every check never needs it).
+
+    ``model`` says whether the grading includes exercise 5. Then the model is built before
+    Hypothesis draws anything (``before_drawing``), whatever check comes first, so that the pool of
+    literals Hypothesis mixes into its draws holds the model module's (replay.py) every time."""
+
+    def __init__(self, model: bool):
+        super().__init__()
+        self.model = model
+
+    def __missing__(self, key: str):
+        if key != "model" or not self.model:
+            raise KeyError(key)
+        self.before_drawing()
+        return self[key]
+
+    def before_drawing(self) -> None:
+        if self.model and "model" not in self:
+            self["model"] = _grading_model()
+
+    def modules(self) -> tuple[str, ...]:
+        """The project's modules a grading imports before it draws, beyond those imported now."""
+        return update.MODEL_MODULES if self.model else ()
+
+
 # What each strategy cannot hide, for the staff log (stderr), never for the student's text.
 STRATEGY_NOTES = {
     "user": ["the user sandbox hides only what file modes hide: a copy of the answer key readable by all "
@@ -185,10 +212,10 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
     first_role = "exercises 1-4" if set(selected) & {1, 2, 3, 4} else "exercise 5" if 5 in selected else \
         "exercises 6-8" if set(selected) - {5} else "training check"
     own = sandbox is None
-    sandbox = open_sandbox(cfg, config_path) if own else sandbox  # its server imports torch...
+    sandbox = open_sandbox(cfg, config_path) if own else sandbox  # its server imports torch while we go on
     log += STRATEGY_NOTES.get(sandbox.strategy, [])
     try:
-        context = {"model": _grading_model()} if 5 in selected else {}  # ...while we import transformers
+        context = _Context(model=5 in selected)
         workers = _Workers(sandbox, sandbox.add(source))
         if first_role != "exercises 1-4":
             sandbox.preload()  # the model code first: the first worker already needs it
@@ -292,14 +319,13 @@ def _evaluate(number: int, case, context: dict, run: Callable, reference=None):
                        calls.call_reference(exercise(number), case))
 
     if number == 5:
-        sub, problems = update.call_submission(
-            case, context["model"], lambda h, t: run(h, t, update.oracle_for(case), meanwhile))
+        sub, problems = update.call_submission(case, lambda h, t: run(h, t, update.oracle_for(case), meanwhile))
     else:
         sub, problems = calls.call_submission(exercise(number), case, lambda h, t: run(h, t, None, meanwhile))
     return sub, (ref[0] if ref else None), problems
 
 
-def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, workers: _Workers, context: dict,
+def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, workers: _Workers, context: _Context,
                base_seed: int) -> tuple[CheckResult, str | None]:
     """Run one check; return (result, message that fails the rest of the exercise's phase, or None)."""
     c = cfg.check(number, check.id)
@@ -307,8 +333,8 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
     failures: list[_Failed] = []
     seed = _seed_for(base_seed, number, check.id)
     # Examples recorded by an earlier grading (replay.py); never those of the hidden seed.
-    name = replay.key(number, check.id, seed, c.examples) if base_seed == cfg.seeds.public else None
-    recorded = replay.load(name, context.get("model")) if name else None
+    name = replay.key(number, check.id, seed, c.examples, context.modules()) if base_seed == cfg.seeds.public else None
+    recorded = replay.load(name) if name else None
     recording = [] if name and recorded is None else None
     answered: deque = deque()  # (digest, outcome) of the recorded examples run before Hypothesis
 
@@ -319,18 +345,25 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
             workers.drop()
             raise _Abort(f"{err}; the remaining checks of this exercise were not run", fatal=True) from None
 
-    @hypothesis_seed(seed)
-    @settings(max_examples=c.examples, derandomize=True, database=None, deadline=None, print_blob=False,
-              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-              phases=(Phase.generate, Phase.shrink))
-    @given(check.strategy(context))
-    def prop(case):
-        failed = recalled(case) if answered else attempt(case)
-        if failed is not None:
-            failures.append(failed)
-            if len(failures) > cfg.hypothesis.shrink_calls:
-                raise _Abort("", fatal=False)  # enough shrinking: report the smallest failure so far
-            raise failed
+    def drawn() -> None:
+        """Hypothesis's run of the check: draws the examples (the recorded ones it meets first are
+        recalled, not run again) and shrinks a failure; raises the failure it reports."""
+        context.before_drawing()
+
+        @hypothesis_seed(seed)
+        @settings(max_examples=c.examples, derandomize=True, database=None, deadline=None, print_blob=False,
+                  verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+                  phases=(Phase.generate, Phase.shrink))
+        @given(check.strategy(context))
+        def prop(case):
+            failed = recalled(case) if answered else attempt(case)
+            if failed is not None:
+                failures.append(failed)
+                if len(failures) > cfg.hypothesis.shrink_calls:
+                    raise _Abort("", fatal=False)  # enough shrinking: report the smallest failure so far
+                raise failed
+
+        prop()
 
     def attempt(case, reference=None) -> _Failed | None:
         """Run the check on one case: the failure, or None when it holds."""
@@ -397,7 +430,7 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
             # and tested, and neither a student nor a TA can act on such a line.
             warnings.simplefilter("ignore", HypothesisWarning)
             if recorded is None or not replayed():
-                prop()
+                drawn()
         if recording is not None:
             replay.save(name, recording)
         score, feedback = c.points, ""
@@ -423,7 +456,7 @@ def _hidden_feedback(number: int, kind: str) -> str:
             f"The visible checks of exercise {number} show the details on inputs you can see.")
 
 
-def _feedback(number: int, check: Check, failure: _Failed, ulps: float, context: dict,
+def _feedback(number: int, check: Check, failure: _Failed, ulps: float, context: _Context,
               failures: Sequence[_Failed] = ()) -> str:
     if check.hidden:
         return _hidden_feedback(number, failure.kind)

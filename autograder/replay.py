@@ -10,13 +10,16 @@ did; its first i + 1 examples are the recorded ones, already answered, so it doe
 worker again and shrinks from there: the worker meets the same calls, in the same order, and the
 grading ends with the same score and feedback as without a recording.
 
-A recording is valid for one check (exercise, id, seed, number of examples) under one grader:
-its key hashes the source of every module Hypothesis draws constants from (the grader, the
-reference solution, the student package: the strategies, the reference and the pool of
-literals that Hypothesis mixes into its draws), the versions of the libraries that build the
-examples and the reference's results, and the CPU's vector extension (torch's kernels round
-differently on another one). Any change makes a new key, so a stale recording is never read.
-Only checks on the public seed are recorded: the hidden seed's examples never reach the disk.
+A recording is valid for one check (exercise, id, seed, number of examples) under one grader.
+Hypothesis mixes into its draws literals of the local modules imported when it draws (the
+grader's, the reference's, the student package's), so the key hashes which of them those are
+(those imported now, and exercise 5's model module, which a grading of exercise 5 imports before
+it draws), the text of every file of their packages (the strategies, the reference), the
+versions of the libraries that build the examples and the reference's results, and the CPU's
+vector extension (torch's kernels round differently on another one). Any change makes a new key,
+so a stale recording is never read. Only checks on the public seed are recorded: the hidden
+seed's examples never reach the disk. Exercise 5's recordings hold the grading model's
+parameters too: a grading that replays every check never imports transformers.
 
 Recordings are safetensors files (tensors) with a JSON description, never pickle, in a folder
 only its owner can read (PPO_GRADER_CACHE, else ~/.cache/ppo-grade); outside the project tree
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -48,8 +52,8 @@ from .exercises.update import UpdateCase, Updated
 FORMAT = "ppo-grade replay 1"
 CACHE_ENV = "PPO_GRADER_CACHE"
 LIBRARIES = ("torch", "numpy", "hypothesis", "transformers", "safetensors")
-# What a recording holds, by type name; UpdateCase.initial is the grading model's own parameters,
-# set again on loading.
+# What a recording holds, by type name. UpdateCase.initial, the grading model's parameters (the
+# same for every case), is recorded once for the whole check.
 TYPES = {t.__name__: t for t in (Case, Called, UpdateCase, Updated)}
 NOT_RECORDED = {"initial"}
 ALIGN = 8  # bytes: the largest itemsize a recorded tensor has (float64, int64)
@@ -81,19 +85,29 @@ def _local_among(names: tuple[str, ...]) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=None)
 def _grader_digest(modules: tuple[str, ...]) -> str:
-    from hypothesis.internal.constants_ast import constants_from_module
+    """The grader's part of every key: which local modules are imported when Hypothesis draws
+    (their literals are its pool), the text of every file of the packages they belong to (the
+    strategies, the reference, and what they import later), the libraries and the CPU."""
+    from hypothesis.internal.constants_ast import constants_from_module, is_local_module_file
 
-    h = hashlib.sha256(FORMAT.encode())
+    h = hashlib.sha256(json.dumps([FORMAT, modules]).encode())
+    files = set()
     for name in modules:
-        module = sys.modules[name]
         if name in ENTRY_MODULES:
-            content = repr(sorted(map(repr, constants_from_module(module)))).encode()
-        else:
-            try:
-                content = Path(module.__file__).read_bytes()
-            except OSError:
-                content = b"(unreadable)"
-        h.update(f"\0{name}\0{len(content)}\0".encode() + content)
+            h.update(repr(sorted(map(repr, constants_from_module(sys.modules[name])))).encode())
+            continue
+        module = sys.modules.get(name)
+        files.add(Path(module.__file__ if module is not None else importlib.util.find_spec(name).origin))
+        package = sys.modules.get(name.split(".")[0])
+        folders = getattr(package, "__path__", [])
+        if folders and is_local_module_file(package.__file__):
+            files.update(Path(folders[0]).rglob("*.py"))
+    for path in sorted(files):
+        try:
+            content = path.read_bytes()
+        except OSError:
+            content = b"(unreadable)"
+        h.update(f"\0{path}\0{len(content)}\0".encode() + content)
     versions = {lib: _version(lib) for lib in LIBRARIES}
     h.update(json.dumps([versions, sys.version, platform.machine(), torch.backends.cpu.get_cpu_capability(),
                          torch.get_num_threads()]).encode())
@@ -107,9 +121,11 @@ def _version(lib: str) -> str:
         return "absent"
 
 
-def key(number: int, check: str, seed: int, examples: int) -> str:
-    """The name of one check's recording under this grader (see the module docstring)."""
-    grader = _grader_digest(_local_modules())
+def key(number: int, check: str, seed: int, examples: int, modules: tuple[str, ...] = ()) -> str:
+    """The name of one check's recording under this grader (see the module docstring).
+    ``modules``: the project's modules the grading imports before Hypothesis draws, beyond those
+    imported now (update.MODEL_MODULES, when it includes exercise 5)."""
+    grader = _grader_digest(tuple(sorted(set(_local_modules()) | set(modules))))
     return hashlib.sha256(json.dumps([grader, number, check, seed, examples]).encode()).hexdigest()
 
 
@@ -135,7 +151,7 @@ def _encode(x, tensors: list[torch.Tensor]):
     raise TypeError(f"cannot record a {type(x).__name__}")
 
 
-def _decode(x, tensors: list[torch.Tensor], initial: dict):
+def _decode(x, tensors: list[torch.Tensor], initial: dict | None):
     if "tensor" in x:
         return tensors[x["tensor"]]
     if "type" in x:
@@ -191,24 +207,35 @@ def digest(case) -> str:
     return h.hexdigest()
 
 
-def load(name: str, model: torch.nn.Module | None) -> list[tuple[object, object]] | None:
-    """The recorded [(case, reference's result)] of a check, or None if there is none. Exercise
-    5's cases get ``model``'s parameters as their ``initial``."""
+def _initial(examples: list[tuple[object, object]]) -> dict[str, torch.Tensor] | None:
+    """The parameters every UpdateCase of a check starts from (one dict of the same tensors)."""
+    initials = [case.initial for case, _ in examples if isinstance(case, UpdateCase)]
+    if not initials:
+        return None
+    first = initials[0]
+    if any(i.keys() != first.keys() or any(i[k] is not first[k] for k in first) for i in initials):
+        raise TypeError("cases starting from different parameters")
+    return first
+
+
+def load(name: str) -> list[tuple[object, object]] | None:
+    """The recorded [(case, reference's result)] of a check, or None if there is none."""
     try:
         with safe_open(directory() / f"{name}.safetensors", framework="pt") as f:
             description = json.loads(f.metadata()["examples"])
             tensors = _unpack(f.get_tensor("bytes"), json.loads(f.metadata()["layout"]))
     except (OSError, SafetensorError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
         return None
-    initial = dict(model.named_parameters()) if model is not None else {}
-    return [(_decode(case, tensors, initial), _decode(ref, tensors, initial)) for case, ref in description]
+    initial = _decode(description["initial"], tensors, None)
+    return [(_decode(case, tensors, initial), _decode(ref, tensors, initial)) for case, ref in description["examples"]]
 
 
 def save(name: str, examples: list[tuple[object, object]]) -> None:
     """Record a check's examples (see load); silently keep nothing if they cannot be recorded."""
     tensors: list[torch.Tensor] = []
     try:
-        description = [[_encode(case, tensors), _encode(ref, tensors)] for case, ref in examples]
+        description = {"initial": _encode(_initial(examples), tensors),
+                       "examples": [[_encode(case, tensors), _encode(ref, tensors)] for case, ref in examples]}
     except TypeError:
         return
     buffer, layout = _pack(tensors)
@@ -218,7 +245,10 @@ def save(name: str, examples: list[tuple[object, object]]) -> None:
         os.chmod(folder, 0o700)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".recording-")
         os.close(fd)
-        save_file({"bytes": buffer}, tmp, metadata={"examples": json.dumps(description), "layout": json.dumps(layout)})
-        os.replace(tmp, folder / f"{name}.safetensors")
     except OSError:
         return
+    try:  # written aside, then renamed: a grading running beside this one reads all of it or nothing
+        save_file({"bytes": buffer}, tmp, metadata={"examples": json.dumps(description), "layout": json.dumps(layout)})
+        os.replace(tmp, folder / f"{name}.safetensors")
+    except (OSError, SafetensorError):
+        Path(tmp).unlink(missing_ok=True)

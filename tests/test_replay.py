@@ -6,13 +6,17 @@ Each test points PPO_GRADER_CACHE at a folder of its own, so it starts without r
 
 from __future__ import annotations
 
+import json
 import stat
+import subprocess
+import sys
 
 import pytest
 
 import corpus
 from autograder import grade as grade_module
 from autograder import replay, report
+from autograder.exercises import update
 from autograder.grade import grade, open_sandbox
 from test_grader import CONFIG, QUICK, ROOT
 
@@ -75,3 +79,13 @@ def test_a_key_changes_with_the_check_its_examples_and_the_code(monkeypatch):
     assert len({base, replay.key(1, "loss", 7, 13), replay.key(1, "loss", 8, 12), replay.key(2, "loss", 7, 12)}) == 4
     monkeypatch.setattr(replay, "_local_modules", lambda: ("autograder.grade",))
     assert replay.key(1, "loss", 7, 12) != base
+
+
+def test_model_modules_are_those_the_grading_model_imports():
+    """A key counts update.MODEL_MODULES as imported before Hypothesis draws: they must be all the
+    local modules that building the model adds (a fresh process: this one has imported them)."""
+    code = ("import autograder.grade, json; from autograder import replay; from autograder.exercises import update; "
+            "before = set(replay._local_modules()); update.grading_model(); "
+            "print(json.dumps(sorted(set(replay._local_modules()) - before)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == sorted(update.MODEL_MODULES)

@@ -62,6 +62,9 @@ CFG_CHOICES = {
     "max_grad_norm": (1.0, 0.05, 100.0),
 }
 VALUE_HEAD_SEED = 1
+# The modules of the project that grading_model imports (with transformers, seconds): a grading
+# imports them before Hypothesis draws anything, so their literals are in its pool (replay.py).
+MODEL_MODULES = ("assignment.model",)
 
 
 def grading_model() -> torch.nn.Module:
@@ -86,7 +89,7 @@ class UpdateCase:
     cfg: dict[str, float]
     seed: int
     scenario: str
-    initial: dict[str, torch.Tensor]  # the model's parameters before the first call (not a copy)
+    initial: dict[str, torch.Tensor]  # the model's parameters before the first call (not a copy): what the worker loads
 
     def describe(self) -> str:
         """The shape of the case; the snippet below it holds every value."""
@@ -245,8 +248,8 @@ def run_reference(model: torch.nn.Module, case: UpdateCase, mistake: str | None 
 
 # ---- the submission, through the worker ------------------------------------------------------------
 
-def call_submission(case: UpdateCase, model: torch.nn.Module, run) -> tuple[Updated | None, list[str]]:
-    tensors = {f"param.{k}": v for k, v in model.state_dict().items()}
+def call_submission(case: UpdateCase, run) -> tuple[Updated | None, list[str]]:
+    tensors = {f"param.{k}": v for k, v in case.initial.items()}
     for i, mb in enumerate(case.minibatches):
         tensors.update({f"mb{i}.{k}": v for k, v in mb.items()})
     calls = [dict(c, prompt_length=case.prompt_lengths[c["minibatch"]]) for c in case.calls]
