@@ -18,7 +18,6 @@ import warnings
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 import hypothesis
@@ -33,7 +32,7 @@ from assignment.trainer.runlog import REWARD_WINDOW
 from . import __version__, calls, replay
 from .config import GradingConfig, hidden_seed
 from .exercises import CHECKS, MODULES, Check, update
-from .sandbox import Limits, Sandbox, WorkerDied, WorkerTimeout, check_unreadable, detect_strategy, secret_paths
+from .sandbox import Sandbox, WorkerDied, WorkerTimeout, open_sandbox  # noqa: F401  (open_sandbox: for batches and tests)
 
 MAX_PROBLEM_LINES = 6  # per failed check: the worst few, not a wall of numbers
 
@@ -138,18 +137,6 @@ def _seed_for(base: int, number: int, check: str) -> int:
     return (base * 1_000_003 + zlib.crc32(f"{number}:{check}".encode())) % 2**32
 
 
-def open_sandbox(cfg: GradingConfig, config_path, private: Sequence[Path] = ()) -> Sandbox:
-    """A sandbox for ``cfg``: the strongest strategy available, with the project tree, grading.yaml,
-    the hidden-seed file and ``private`` (a batch's submissions, its out folder, ...) hidden.
-    Raises sandbox.GraderFailure when the user strategy would leave staff files readable."""
-    w = cfg.worker
-    strategy = detect_strategy(w.sandbox, w.sandbox_user)
-    hide = secret_paths([config_path, *([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []), *private])
-    if strategy == "user":
-        check_unreadable(hide, w.sandbox_user)
-    return Sandbox(Limits(w.memory_mb, w.start_timeout_s, w.threads, w.nproc), strategy, hide, w.sandbox_user)
-
-
 @functools.lru_cache(maxsize=1)
 def _grading_model() -> torch.nn.Module:
     return update.grading_model()  # read only: every reference run works on a scratch copy
@@ -212,7 +199,7 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
     first_role = "exercises 1-4" if set(selected) & {1, 2, 3, 4} else "exercise 5" if 5 in selected else \
         "exercises 6-8" if set(selected) - {5} else "training check"
     own = sandbox is None
-    sandbox = open_sandbox(cfg, config_path) if own else sandbox  # its server imports torch while we go on
+    sandbox = open_sandbox(cfg, config_path) if own else sandbox
     log += STRATEGY_NOTES.get(sandbox.strategy, [])
     try:
         context = _Context(model=5 in selected)

@@ -14,15 +14,18 @@ nothing from the project.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
 import struct
 import sys
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+if TYPE_CHECKING:
+    import torch
+# torch and safetensors are imported on first use, not with this module: the grader starts its
+# sandbox's fork server before it imports torch itself, so that the two import it at once.
 
 _LEN = struct.Struct("<Q")
 MAX_FRAME = 1 << 30  # 1 GiB: far above any legitimate frame, low enough to refuse garbage
@@ -49,12 +52,16 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-# safetensors' names of the dtypes a frame usually carries. Its own writer spends about 0.3 ms on
-# a handful of small tensors (it looks for shared storage through numpy and ctypes), more than the
-# call they are for, and a grading sends thousands of frames.
-SAFETENSORS_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-                      torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-                      torch.uint8: "U8", torch.bool: "BOOL"}
+@functools.cache
+def _safetensors_dtypes() -> dict:
+    """safetensors' names of the dtypes a frame usually carries. Its own writer spends about 0.3 ms
+    on a handful of small tensors (it looks for shared storage through numpy and ctypes), more
+    than the call they are for, and a grading sends thousands of frames."""
+    import torch
+
+    return {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+            torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+            torch.bool: "BOOL"}
 
 
 def _safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
@@ -62,8 +69,12 @@ def _safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
     tensors of the dtypes above, each with storage of its own (what every frame holds); anything
     else (an empty, sparse or shared tensor, another dtype) goes to safetensors' writer, which
     accepts or refuses it as it always did."""
+    import torch
+    from safetensors.torch import save as st_save
+
+    dtypes = _safetensors_dtypes()
     plain = sys.byteorder == "little" and all(
-        t.dtype in SAFETENSORS_DTYPES and t.layout == torch.strided and t.numel() > 0 and not (t.is_neg() or t.is_conj())
+        t.dtype in dtypes and t.layout == torch.strided and t.numel() > 0 and not (t.is_neg() or t.is_conj())
         for t in tensors.values())
     storages = {t.untyped_storage().data_ptr() for t in tensors.values()} if plain else ()
     if not plain or len(storages) != len(tensors):
@@ -71,7 +82,7 @@ def _safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
     header, chunks, offset = {}, [], 0
     for name, t in tensors.items():
         data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
-        header[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+        header[name] = {"dtype": dtypes[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(data)]}
         chunks.append(data)
         offset += len(data)
@@ -90,6 +101,8 @@ def send(fd: int, header: dict, tensors: dict[str, torch.Tensor] | None = None) 
 
 def receive(fd: int) -> tuple[dict, dict[str, torch.Tensor]]:
     """Read one frame; raise ProtocolError on anything malformed, EOFError on a closed pipe."""
+    from safetensors.torch import load as st_load
+
     n = _LEN.unpack(_read_exact(fd, _LEN.size))[0]
     if n > MAX_FRAME:
         raise ProtocolError(f"header of {n} bytes")
