@@ -13,7 +13,9 @@ evaluated, in order, shrinking included (NAME.examples), so that "the same examp
 directly, not only through the verdicts.
 
 ``diff`` compares two such folders file by file and prints every difference; exit status 1
-if any. Run ``grade`` on the commit before a change and on the one after, then ``diff``.
+if any. The examples are compared exercise by exercise, each in its order (the grader may take
+the exercises in another order: each has workers of its own). Run ``grade`` on the commit
+before a change and on the one after, then ``diff``.
 """
 
 from __future__ import annotations
@@ -105,6 +107,15 @@ def grade(out: Path, jobs: int, attacks: bool, trace: bool, only: list[str] | No
     print(f"{len(todo)} submissions graded into {out}")
 
 
+def _text(path: Path) -> str:
+    """The file's text; for NAME.examples, its lines grouped by exercise, each group in its order."""
+    text = path.read_text()
+    if path.suffix != ".examples":
+        return text
+    lines = text.splitlines(True)
+    return "".join(sorted(lines, key=lambda line: int(line.split()[0])))  # a stable sort keeps each exercise's order
+
+
 def diff(before: Path, after: Path) -> int:
     names = sorted({p.name for p in before.iterdir()} | {p.name for p in after.iterdir()})
     differ = 0
@@ -114,10 +125,10 @@ def diff(before: Path, after: Path) -> int:
             print(f"{name}: only in {before if a.exists() else after}")
             differ += 1
             continue
-        if a.read_text() != b.read_text():
+        if _text(a) != _text(b):
             differ += 1
             print(f"{name} differs:")
-            sys.stdout.writelines(difflib.unified_diff(a.read_text().splitlines(True), b.read_text().splitlines(True),
+            sys.stdout.writelines(difflib.unified_diff(_text(a).splitlines(True), _text(b).splitlines(True),
                                                        str(a), str(b), n=1))
     graded = len({n.split(".")[0] for n in names})
     print(f"{graded} submissions, {len(names)} files compared: {differ} differ")
