@@ -151,21 +151,24 @@ def _encode(x, tensors: list[torch.Tensor]):
     raise TypeError(f"cannot record a {type(x).__name__}")
 
 
-def _decode(x, tensors: list[torch.Tensor], initial: dict | None):
+def _decode(x, tensors: list[torch.Tensor], initial: dict | None, sent: bool):
+    """The recorded object ``x``; ``sent``: its tensors travel to the worker, so each gets storage
+    of its own (a frame cannot carry views of one buffer); the reference's results stay views."""
     if "tensor" in x:
-        return tensors[x["tensor"]]
+        t = tensors[x["tensor"]]
+        return t.clone() if sent else t
     if "type" in x:
-        values = {k: _decode(v, tensors, initial) for k, v in x["fields"].items()}
+        values = {k: _decode(v, tensors, initial, sent) for k, v in x["fields"].items()}
         cls = TYPES[x["type"]]
         if cls is UpdateCase:
             values["initial"] = initial
         return cls(**values)
     if "dict" in x:
-        return {k: _decode(v, tensors, initial) for k, v in x["dict"]}
+        return {k: _decode(v, tensors, initial, sent) for k, v in x["dict"]}
     if "tuple" in x:
-        return tuple(_decode(v, tensors, initial) for v in x["tuple"])
+        return tuple(_decode(v, tensors, initial, sent) for v in x["tuple"])
     if "list" in x:
-        return [_decode(v, tensors, initial) for v in x["list"]]
+        return [_decode(v, tensors, initial, sent) for v in x["list"]]
     return x["value"]
 
 
@@ -179,21 +182,21 @@ def _pack(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list]:
     safetensors file takes a second, slicing one buffer a few milliseconds."""
     layout, chunks, offset = [], [], 0
     for t in tensors:
-        data = _bytes(t)
-        pad = -data.numel() % ALIGN
+        data = _bytes(t).numpy().tobytes()
         layout.append([str(t.dtype).removeprefix("torch."), list(t.shape), offset])
-        chunks += [data, torch.zeros(pad, dtype=torch.uint8)]
-        offset += data.numel() + pad
-    return torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.uint8), layout
+        chunks += [data, bytes(-len(data) % ALIGN)]
+        offset += len(data) + len(chunks[-1])
+    return torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8) if offset else \
+        torch.zeros(0, dtype=torch.uint8), layout
 
 
 def _unpack(buffer: torch.Tensor, layout: list) -> list[torch.Tensor]:
-    """The tensors of _pack, each a copy with storage of its own (a frame cannot carry views)."""
+    """The tensors of _pack: views of ``buffer``."""
     out = []
     for dtype, shape, offset in layout:
         dtype = getattr(torch, dtype)
         n = math.prod(shape) * dtype.itemsize
-        out.append(buffer[offset:offset + n].view(dtype).reshape(shape).clone())
+        out.append(buffer[offset:offset + n].view(dtype).reshape(shape))
     return out
 
 
@@ -218,6 +221,10 @@ def _initial(examples: list[tuple[object, object]]) -> dict[str, torch.Tensor] |
     return first
 
 
+def exists(name: str) -> bool:
+    return (directory() / f"{name}.safetensors").exists()
+
+
 def load(name: str) -> list[tuple[object, object]] | None:
     """The recorded [(case, reference's result)] of a check, or None if there is none."""
     try:
@@ -226,8 +233,9 @@ def load(name: str) -> list[tuple[object, object]] | None:
             tensors = _unpack(f.get_tensor("bytes"), json.loads(f.metadata()["layout"]))
     except (OSError, SafetensorError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
         return None
-    initial = _decode(description["initial"], tensors, None)
-    return [(_decode(case, tensors, initial), _decode(ref, tensors, initial)) for case, ref in description["examples"]]
+    initial = _decode(description["initial"], tensors, None, sent=True)
+    return [(_decode(case, tensors, initial, sent=True), _decode(ref, tensors, initial, sent=False))
+            for case, ref in description["examples"]]
 
 
 def save(name: str, examples: list[tuple[object, object]]) -> None:
