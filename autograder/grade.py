@@ -204,12 +204,16 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
     try:
         context = _Context(model=5 in selected)
         workers = _Workers(sandbox, sandbox.add(source))
-        needs_model = first_role in ("exercise 5", "training check")
-        if needs_model:
-            sandbox.preload()  # the model code first: the first worker already needs it
+        # A grading that will draw examples (a check without a recording) builds the model now,
+        # while the server imports the model code; one that replays them all never builds it.
+        drawing = context.model and not _all_recorded(selected, cfg, secret, context)
+        if drawing or first_role in ("exercise 5", "training check"):
+            sandbox.preload()  # before the first worker: it needs the model code, or we build the model meanwhile
+        if drawing:
+            context.before_drawing()
         first = workers.get(first_role)
-        if not needs_model and (5 in selected or training):
-            sandbox.preload()  # imported by the server while the other exercises are graded
+        if 5 in selected or training:
+            sandbox.preload()  # if not yet: imported by the server while the other exercises are graded
         if first.import_error is not None:
             message = "the submission could not be imported: " + calls.StudentError(first.import_error).describe()
             results = [_zero(n, c, cfg, message) for n in selected for c in selected[n]]
@@ -316,6 +320,26 @@ def _evaluate(number: int, case, context: dict, run: Callable, reference=None):
     return sub, (ref[0] if ref else None), problems
 
 
+def _recording(number: int, check_id: str, cfg: GradingConfig, base_seed: int, context: _Context) -> str | None:
+    """The name of the check's examples recorded by an earlier grading (replay.py), or None: those
+    of the hidden seed are never recorded."""
+    if base_seed != cfg.seeds.public:
+        return None
+    return replay.key(number, check_id, _seed_for(base_seed, number, check_id), cfg.check(number, check_id).examples,
+                      context.modules())
+
+
+def _all_recorded(selected: dict, cfg: GradingConfig, secret: int, context: _Context) -> bool:
+    """Whether every check of ``selected`` has its examples recorded: the grading draws none unless
+    the submission fails one."""
+    for number, checks in selected.items():
+        for check in checks:
+            name = _recording(number, check.id, cfg, secret if check.hidden else cfg.seeds.public, context)
+            if name is None or not replay.exists(name):
+                return False
+    return True
+
+
 def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, workers: _Workers, context: _Context,
                base_seed: int) -> tuple[CheckResult, str | None]:
     """Run one check; return (result, message that fails the rest of the exercise's phase, or None)."""
@@ -323,8 +347,7 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
     timeout = cfg.worker.update_timeout_s if number == 5 else cfg.worker.call_timeout_s
     failures: list[_Failed] = []
     seed = _seed_for(base_seed, number, check.id)
-    # Examples recorded by an earlier grading (replay.py); never those of the hidden seed.
-    name = replay.key(number, check.id, seed, c.examples, context.modules()) if base_seed == cfg.seeds.public else None
+    name = _recording(number, check.id, cfg, base_seed, context)
     recorded = replay.load(name) if name else None
     recording = [] if name and recorded is None else None
     answered: deque = deque()  # (digest, outcome) of the recorded examples run before Hypothesis
