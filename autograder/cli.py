@@ -14,6 +14,8 @@ retry them), 130 when interrupted. This module imports the classroom package, ne
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import signal
 import statistics
 import sys
@@ -57,6 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--published", action="store_true",
                        help="feedback/<student>.md shows the hidden checks too (the view after grades are published)")
     return p
+
+
+def run() -> None:
+    """The command (``ppo-grade``, ``python -m autograder``): main(), then the process ends at once.
+    Python's own shutdown takes half a second with torch imported, and by then everything is
+    written, flushed and closed; only the exit handlers (logging's, multiprocessing's) still run."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,4 +252,4 @@ def _grader_failed(message: str, extra: dict, results: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()
