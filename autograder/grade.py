@@ -196,8 +196,8 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
     log = ["hidden checks used the public seed: set $" + cfg.seeds.hidden_env + " at deployment"] \
         if secret_source == "public-fallback" else []
     training = with_training or cfg.training.enabled
-    first_role = "exercises 1-4" if set(selected) & {1, 2, 3, 4} else "exercises 6-8" if set(selected) - {5} else \
-        "exercise 5" if 5 in selected else "training check"
+    first_role = "exercises 1-4" if set(selected) & {1, 2, 3, 4} else "exercise 5" if 5 in selected else \
+        "exercises 6-8" if set(selected) - {5} else "training check"
     own = sandbox is None
     sandbox = open_sandbox(cfg, config_path) if own else sandbox
     log += STRATEGY_NOTES.get(sandbox.strategy, [])
@@ -237,11 +237,8 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
 def _grade_all(selected, cfg, workers, context, secret, defined, training) -> list[CheckResult]:
     """Visible checks, the training check, then hidden checks: in that order, always."""
     results = []
-    # Exercise 5 after the others: its worker needs the model code, which the server imports while
-    # they are graded (Sandbox.preload). The results are sorted by exercise in the end.
-    order = sorted(selected.items(), key=lambda item: item[0] == 5)
     for hidden in (False, True):
-        for number, checks in order:
+        for number, checks in selected.items():
             phase = [c for c in checks if c.hidden == hidden]
             name = exercise(number).name
             if name not in defined:
