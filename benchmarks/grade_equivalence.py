@@ -1,6 +1,6 @@
 """Check that a change of the grader changes no verdict: grade many submissions, then diff.
 
-    python benchmarks/grade_equivalence.py grade OUT [--jobs 2] [--attacks] [--trace]
+    python benchmarks/grade_equivalence.py grade OUT [--jobs 2] [--attacks] [--trace] [--cold]
     python benchmarks/grade_equivalence.py diff BEFORE AFTER
 
 ``grade`` grades, each in a fresh `python -m autograder FILE --results ...` process with
@@ -10,7 +10,9 @@ file (``--attacks`` adds the hostile ones: slow, they hit time limits). Per subm
 results.json without its one timing field (execution_time) and the terminal report (the TA's
 view, hidden checks included). ``--trace`` also records a digest of every example each check
 evaluated, in order, shrinking included (NAME.examples), so that "the same examples" is checked
-directly, not only through the verdicts.
+directly, not only through the verdicts. The gradings share one folder of recorded examples
+(autograder/replay.py), fresh at the start: the first passing grading of a check records it,
+later ones replay it; ``--cold`` gives each grading a fresh folder of its own (nothing replays).
 
 ``diff`` compares two such folders file by file and prints every difference; exit status 1
 if any. The examples are compared exercise by exercise, each in its order (the grader may take
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -75,17 +78,15 @@ def submissions(attacks: bool) -> dict[str, str]:
     return found
 
 
-def grade_one(name: str, source: str, out: Path, trace: bool) -> str:
+def grade_one(name: str, source: str, out: Path, trace: bool, recordings: Path | None) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "exercises.py"
         path.write_text(source)
         results = out / f"{name}.results.json"
         args = [str(path), "--results", str(results)]
-        env = None
+        env = dict(os.environ, PPO_GRADER_CACHE=str(recordings or Path(tmp) / "recordings"))
         if trace:
-            import os
-
-            env = dict(os.environ, GRADE_TRACE=str(out / f"{name}.examples"))
+            env["GRADE_TRACE"] = str(out / f"{name}.examples")
             cmd = [sys.executable, "-c", TRACE, *args]
         else:
             cmd = [sys.executable, "-m", "autograder", *args]
@@ -98,11 +99,12 @@ def grade_one(name: str, source: str, out: Path, trace: bool) -> str:
     return f"{name}: exit {proc.returncode}, score {data.get('score')}"
 
 
-def grade(out: Path, jobs: int, attacks: bool, trace: bool, only: list[str] | None) -> None:
+def grade(out: Path, jobs: int, attacks: bool, trace: bool, only: list[str] | None, cold: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     todo = {k: v for k, v in submissions(attacks).items() if not only or k in only}
-    with ThreadPoolExecutor(jobs) as pool:
-        for line in pool.map(lambda item: grade_one(*item, out, trace), todo.items()):
+    with tempfile.TemporaryDirectory() as shared, ThreadPoolExecutor(jobs) as pool:
+        recordings = None if cold else Path(shared) / "recordings"
+        for line in pool.map(lambda item: grade_one(*item, out, trace, recordings), todo.items()):
             print(line, flush=True)
     print(f"{len(todo)} submissions graded into {out}")
 
@@ -144,12 +146,13 @@ def main() -> None:
     g.add_argument("--attacks", action="store_true")
     g.add_argument("--trace", action="store_true")
     g.add_argument("--only", nargs="+", metavar="NAME", help="grade only these submissions")
+    g.add_argument("--cold", action="store_true", help="each grading with a fresh folder of recordings")
     d = sub.add_parser("diff")
     d.add_argument("before", type=Path)
     d.add_argument("after", type=Path)
     args = parser.parse_args()
     if args.command == "grade":
-        grade(args.out, args.jobs, args.attacks, args.trace, args.only)
+        grade(args.out, args.jobs, args.attacks, args.trace, args.only, args.cold)
     else:
         sys.exit(diff(args.before, args.after))
 
