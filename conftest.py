@@ -5,12 +5,23 @@ registration of --impl.
 The suite runs on every core through pytest-xdist (pyproject's addopts: ``-n auto --dist
 loadgroup``; ``-n 0`` runs it in one process). Tests that share an expensive module fixture or a
 machine-wide resource carry an ``xdist_group`` mark, so that one worker runs them one after another.
-"""
+
+The grader records the examples of every check a submission passes (autograder/replay.py): a
+test session keeps its recordings in a folder of its own, deleted at the end, never in the
+user's cache, so every session starts without them (the xdist workers inherit the controller's)."""
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
+try:  # pytest's own helper (private): see _group_suffixes; without it, groups are left to xdist
+    from _pytest.nodeid import coerce_node_id as _coerce_node_id
+except ImportError:
+    _coerce_node_id = None
+
 ANSWER_KEY = Path(__file__).resolve().parent / "solutions" / "exercises.py"
+_recordings = []
 
 
 def pytest_addoption(parser):
@@ -25,6 +36,11 @@ def _xdist_workers() -> int:
 
 
 def pytest_configure(config):
+    from autograder.replay import CACHE_ENV
+
+    if CACHE_ENV not in os.environ:
+        _recordings.append(tempfile.mkdtemp(prefix="ppo-grade-recordings-"))
+        os.environ[CACHE_ENV] = _recordings[-1]
     workers = _xdist_workers()
     if workers:
         # Each worker gets its share of the cores for torch (in-process trainings) and for what it
@@ -56,7 +72,10 @@ def _group_suffixes(items) -> None:
     for item in items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})
-        if names and "@" not in item.nodeid and hasattr(item, "_id"):
-            from _pytest.nodeid import coerce_node_id
+        if names and "@" not in item.nodeid and hasattr(item, "_id") and _coerce_node_id is not None:
+            item._id = _coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
 
-            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
+
+def pytest_unconfigure(config):
+    for folder in _recordings:
+        shutil.rmtree(folder, ignore_errors=True)

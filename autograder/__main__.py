@@ -1,5 +1,3 @@
-import sys
+from autograder.cli import run
 
-from autograder.cli import main
-
-sys.exit(main())
+run()

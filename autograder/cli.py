@@ -14,6 +14,8 @@ retry them), 130 when interrupted. This module imports the classroom package, ne
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
 import signal
 import statistics
 import sys
@@ -59,6 +61,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run() -> None:
+    """The command (``ppo-grade``, ``python -m autograder``): main(), then the process ends at once.
+    Python's own shutdown takes half a second with torch imported, and by then everything is
+    written, flushed and closed; only the exit handlers (logging's, multiprocessing's) still run."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -66,28 +79,38 @@ def main(argv: list[str] | None = None) -> int:
         return _main_class(args)
     args.results = args.results or Path("results.json")
     # imports here so that --help and usage errors answer fast
-    from . import config, grade, report, submission
-    from .exercises import CHECK_IDS
-    from .sandbox import GraderFailure
+    from . import config, submission
+    from .sandbox import GraderFailure, open_sandbox
 
     extra = {"grader_version": __version__}
+    sandbox = None
     try:
-        cfg = config.load(args.config, CHECK_IDS)
-    except config.ConfigError as err:
-        return _grader_failed(str(err), extra, args.results, report)
-    try:
-        source = submission.read(args.submission, args.submission_folder)
-    except submission.Refused as err:
-        result = grade.nothing_to_grade(cfg, str(err))
-    else:
+        # The checks' names wait for the exercises' modules (torch): first the fork server starts,
+        # so that it imports torch while this process does.
+        cfg = config.load(args.config, None)
         try:
+            source = submission.read(args.submission, args.submission_folder)
+        except submission.Refused as err:
+            source, refused = None, str(err)
+        if source is not None:
+            sandbox = open_sandbox(cfg, args.config)
+        from . import grade, report
+        from .exercises import CHECK_IDS
+
+        config.check_names(cfg, CHECK_IDS, args.config)
+        if source is None:
+            result = grade.nothing_to_grade(cfg, refused)
+        else:
             result = grade.grade(source, cfg, args.config, with_training=args.with_training,
-                                 exercises=set(args.exercise) if args.exercise else None)
-        except (GraderFailure, config.ConfigError) as err:  # ConfigError: a malformed hidden seed
-            return _grader_failed(str(err), extra, args.results, report)
-        except Exception as err:  # a bug of the grader's own: say so, give 0, exit non-zero
-            traceback.print_exc(file=sys.stderr)
-            return _grader_failed(f"{type(err).__name__}: {err}", extra, args.results, report)
+                                 exercises=set(args.exercise) if args.exercise else None, sandbox=sandbox)
+    except (GraderFailure, config.ConfigError) as err:  # ConfigError: also a malformed hidden seed
+        return _grader_failed(str(err), extra, args.results)
+    except Exception as err:  # a bug of the grader's own: say so, give 0, exit non-zero
+        traceback.print_exc(file=sys.stderr)
+        return _grader_failed(f"{type(err).__name__}: {err}", extra, args.results)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
     print(report.summary(result) if args.quiet else report.terminal(result))
     sys.stdout.flush()  # the staff notes come after the student's report, never before it
     for line in result.log:
@@ -220,11 +243,13 @@ def _class_report(result, batch, quiet: bool) -> str:
     return "\n".join(lines)
 
 
-def _grader_failed(message: str, extra: dict, results: Path, report) -> int:
+def _grader_failed(message: str, extra: dict, results: Path) -> int:
+    from . import report
+
     print(f"ppo-grade: the grader failed: {message}", file=sys.stderr)
     report.write_json_atomic(report.failure_results(message, extra), results)
     return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

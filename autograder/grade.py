@@ -16,8 +16,8 @@ import platform
 import time
 import warnings
 import zlib
+from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Sequence
 
 import hypothesis
@@ -29,10 +29,10 @@ from hypothesis.errors import HypothesisException, HypothesisWarning
 from assignment.contract import exercise, is_bonus
 from assignment.trainer.runlog import REWARD_WINDOW
 
-from . import __version__, calls
+from . import __version__, calls, replay
 from .config import GradingConfig, hidden_seed
 from .exercises import CHECKS, MODULES, Check, update
-from .sandbox import Limits, Sandbox, WorkerDied, WorkerTimeout, check_unreadable, detect_strategy, secret_paths
+from .sandbox import Sandbox, WorkerDied, WorkerTimeout, open_sandbox  # noqa: F401  (open_sandbox: for batches and tests)
 
 MAX_PROBLEM_LINES = 6  # per failed check: the worst few, not a wall of numbers
 
@@ -137,21 +137,36 @@ def _seed_for(base: int, number: int, check: str) -> int:
     return (base * 1_000_003 + zlib.crc32(f"{number}:{check}".encode())) % 2**32
 
 
-def open_sandbox(cfg: GradingConfig, config_path, private: Sequence[Path] = ()) -> Sandbox:
-    """A sandbox for ``cfg``: the strongest strategy available, with the project tree, grading.yaml,
-    the hidden-seed file and ``private`` (a batch's submissions, its out folder, ...) hidden.
-    Raises sandbox.GraderFailure when the user strategy would leave staff files readable."""
-    w = cfg.worker
-    strategy = detect_strategy(w.sandbox, w.sandbox_user)
-    hide = secret_paths([config_path, *([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []), *private])
-    if strategy == "user":
-        check_unreadable(hide, w.sandbox_user)
-    return Sandbox(Limits(w.memory_mb, w.start_timeout_s, w.threads, w.nproc), strategy, hide, w.sandbox_user)
-
-
 @functools.lru_cache(maxsize=1)
 def _grading_model() -> torch.nn.Module:
     return update.grading_model()  # read only: every reference run works on a scratch copy
+
+
+class _Context(dict):
+    """What strategies, references and hints share: exercise 5's grading model, built on first use
+    (importing transformers takes seconds: a grading that replays every check never needs it).
+
+    ``model`` says whether the grading includes exercise 5. Then the model is built before
+    Hypothesis draws anything (``before_drawing``), whatever check comes first, so that the pool of
+    literals Hypothesis mixes into its draws holds the model module's (replay.py) every time."""
+
+    def __init__(self, model: bool):
+        super().__init__()
+        self.model = model
+
+    def __missing__(self, key: str):
+        if key != "model" or not self.model:
+            raise KeyError(key)
+        self.before_drawing()
+        return self[key]
+
+    def before_drawing(self) -> None:
+        if self.model and "model" not in self:
+            self["model"] = _grading_model()
+
+    def modules(self) -> tuple[str, ...]:
+        """The project's modules a grading imports before it draws, beyond those imported now."""
+        return update.MODEL_MODULES if self.model else ()
 
 
 # What each strategy cannot hide, for the staff log (stderr), never for the student's text.
@@ -184,16 +199,21 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
     first_role = "exercises 1-4" if set(selected) & {1, 2, 3, 4} else "exercise 5" if 5 in selected else \
         "exercises 6-8" if set(selected) - {5} else "training check"
     own = sandbox is None
-    sandbox = open_sandbox(cfg, config_path) if own else sandbox  # its server imports torch...
+    sandbox = open_sandbox(cfg, config_path) if own else sandbox
     log += STRATEGY_NOTES.get(sandbox.strategy, [])
     try:
-        context = {"model": _grading_model()} if 5 in selected else {}  # ...while we import transformers
+        context = _Context(model=5 in selected)
         workers = _Workers(sandbox, sandbox.add(source))
-        if first_role != "exercises 1-4":
-            sandbox.preload()  # the model code first: the first worker already needs it
+        # A grading that will draw examples (a check without a recording) builds the model now,
+        # while the server imports the model code; one that replays them all never builds it.
+        drawing = context.model and not _all_recorded(selected, cfg, secret, context)
+        if drawing or first_role in ("exercise 5", "training check"):
+            sandbox.preload()  # before the first worker: it needs the model code, or we build the model meanwhile
+        if drawing:
+            context.before_drawing()
         first = workers.get(first_role)
-        if first_role == "exercises 1-4" and (5 in selected or training):
-            sandbox.preload()  # imported by the server while exercises 1-4 are graded
+        if 5 in selected or training:
+            sandbox.preload()  # if not yet: imported by the server while the other exercises are graded
         if first.import_error is not None:
             message = "the submission could not be imported: " + calls.StudentError(first.import_error).describe()
             results = [_zero(n, c, cfg, message) for n in selected for c in selected[n]]
@@ -280,27 +300,55 @@ def _zero(number: int, check: Check, cfg: GradingConfig, message: str) -> CheckR
     return CheckResult(number, check.id, check.description, 0.0, c.points, c.visibility, message)
 
 
-def _evaluate(number: int, case, context: dict, run: Callable):
-    """(submission's result, reference's result, validation problems) for one case."""
-    ref = []  # computed while the worker runs the submission
+def _evaluate(number: int, case, context: dict, run: Callable, reference=None):
+    """(submission's result, reference's result, validation problems) for one case. The reference
+    is computed while the worker runs the submission, unless it is given (a replayed example)."""
+    ref = [] if reference is None else [reference]
+
+    def meanwhile():
+        if not ref:
+            ref.append(update.run_reference(context["model"], case, answers=True) if number == 5 else
+                       calls.call_reference(exercise(number), case))
+
     if number == 5:
-        model = context["model"]
-        sub, problems = update.call_submission(
-            case, model, lambda h, t: run(h, t, update.oracle_for(case),
-                                          lambda: ref.append(update.run_reference(model, case))))
+        oracle = update.oracle_for(case, lambda: ref[0] if ref else None)
+        sub, problems = update.call_submission(case, lambda h, t: run(h, t, oracle, meanwhile))
     else:
-        ex = exercise(number)
-        sub, problems = calls.call_submission(
-            ex, case, lambda h, t: run(h, t, None, lambda: ref.append(calls.call_reference(ex, case))))
+        sub, problems = calls.call_submission(exercise(number), case, lambda h, t: run(h, t, None, meanwhile))
     return sub, (ref[0] if ref else None), problems
 
 
-def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, workers: _Workers, context: dict,
+def _recording(number: int, check_id: str, cfg: GradingConfig, base_seed: int, context: _Context) -> str | None:
+    """The name of the check's examples recorded by an earlier grading (replay.py), or None: those
+    of the hidden seed are never recorded."""
+    if base_seed != cfg.seeds.public:
+        return None
+    return replay.key(number, check_id, _seed_for(base_seed, number, check_id), cfg.check(number, check_id).examples,
+                      context.modules())
+
+
+def _all_recorded(selected: dict, cfg: GradingConfig, secret: int, context: _Context) -> bool:
+    """Whether every check of ``selected`` has its examples recorded: the grading draws none unless
+    the submission fails one."""
+    for number, checks in selected.items():
+        for check in checks:
+            name = _recording(number, check.id, cfg, secret if check.hidden else cfg.seeds.public, context)
+            if name is None or not replay.exists(name):
+                return False
+    return True
+
+
+def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, workers: _Workers, context: _Context,
                base_seed: int) -> tuple[CheckResult, str | None]:
     """Run one check; return (result, message that fails the rest of the exercise's phase, or None)."""
     c = cfg.check(number, check.id)
     timeout = cfg.worker.update_timeout_s if number == 5 else cfg.worker.call_timeout_s
     failures: list[_Failed] = []
+    seed = _seed_for(base_seed, number, check.id)
+    name = _recording(number, check.id, cfg, base_seed, context)
+    recorded = replay.load(name) if name else None
+    recording = [] if name and recorded is None else None
+    answered: deque = deque()  # (digest, outcome) of the recorded examples run before Hypothesis
 
     def run(header, tensors, oracle, meanwhile):
         try:
@@ -309,24 +357,31 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
             workers.drop()
             raise _Abort(f"{err}; the remaining checks of this exercise were not run", fatal=True) from None
 
-    @hypothesis_seed(_seed_for(base_seed, number, check.id))
-    @settings(max_examples=c.examples, derandomize=True, database=None, deadline=None, print_blob=False,
-              verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-              phases=(Phase.generate, Phase.shrink))
-    @given(check.strategy(context))
-    def prop(case):
-        failed = attempt(case)
-        if failed is not None:
-            failures.append(failed)
-            if len(failures) > cfg.hypothesis.shrink_calls:
-                raise _Abort("", fatal=False)  # enough shrinking: report the smallest failure so far
-            raise failed
+    def drawn() -> None:
+        """Hypothesis's run of the check: draws the examples (the recorded ones it meets first are
+        recalled, not run again) and shrinks a failure; raises the failure it reports."""
+        context.before_drawing()
 
-    def attempt(case) -> _Failed | None:
+        @hypothesis_seed(seed)
+        @settings(max_examples=c.examples, derandomize=True, database=None, deadline=None, print_blob=False,
+                  verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+                  phases=(Phase.generate, Phase.shrink))
+        @given(check.strategy(context))
+        def prop(case):
+            failed = recalled(case) if answered else attempt(case)
+            if failed is not None:
+                failures.append(failed)
+                if len(failures) > cfg.hypothesis.shrink_calls:
+                    raise _Abort("", fatal=False)  # enough shrinking: report the smallest failure so far
+                raise failed
+
+        prop()
+
+    def attempt(case, reference=None) -> _Failed | None:
         """Run the check on one case: the failure, or None when it holds."""
         sub = ref = None
         try:
-            sub, ref, problems = _evaluate(number, case, context, run)
+            sub, ref, problems = _evaluate(number, case, context, run, reference)
             kind = "invalid"
             if not problems:
                 problems, kind = check.compare(case, ref, sub, c.ulps), "mismatch"
@@ -339,7 +394,31 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
                              f"{err.reply.get('message')}; the remaining checks of this exercise were not run",
                              fatal=True) from None
             problems, kind = [err.describe()], "error"
-        return _Failed(case, problems, kind, sub, ref) if problems else None
+        if problems:
+            return _Failed(case, problems, kind, sub, ref)
+        if recording is not None:
+            recording.append((case, ref))
+        return None
+
+    def replayed() -> bool:
+        """Run the recorded examples: True when every one holds (the check passes, as Hypothesis
+        would find). At the first failure, False: Hypothesis must run, and it meets the examples run
+        here first (``answered``). An abort escapes at once, as it would from Hypothesis."""
+        for i, (case, ref) in enumerate(recorded):
+            failed = attempt(case, ref)
+            if failed is not None:
+                answered.extend((replay.digest(c), None) for c, _ in recorded[:i])
+                answered.append((replay.digest(case), failed))
+                return False
+        return True
+
+    def recalled(case) -> _Failed | None:
+        """The outcome of a recorded example already run, without asking the worker again."""
+        expected, failed = answered.popleft()
+        if replay.digest(case) != expected:  # not the recorded sequence after all: run it as usual
+            answered.clear()
+            return attempt(case)
+        return failed
 
     def simplest(failure: _Failed) -> _Failed:
         """Hypothesis stops shrinking at shrink_calls: if the counterexample still has all-padding
@@ -362,7 +441,10 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
             # strategy, whose arguments hold the model's weights); the grader's settings are fixed
             # and tested, and neither a student nor a TA can act on such a line.
             warnings.simplefilter("ignore", HypothesisWarning)
-            prop()
+            if recorded is None or not replayed():
+                drawn()
+        if recording is not None:
+            replay.save(name, recording)
         score, feedback = c.points, ""
     except _Failed as failure:
         score, feedback = 0.0, _feedback(number, check, simplest(failure), c.ulps, context, failures)
@@ -386,7 +468,7 @@ def _hidden_feedback(number: int, kind: str) -> str:
             f"The visible checks of exercise {number} show the details on inputs you can see.")
 
 
-def _feedback(number: int, check: Check, failure: _Failed, ulps: float, context: dict,
+def _feedback(number: int, check: Check, failure: _Failed, ulps: float, context: _Context,
               failures: Sequence[_Failed] = ()) -> str:
     if check.hidden:
         return _hidden_feedback(number, failure.kind)

@@ -51,12 +51,16 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Sequence
 
 import assignment
 
 from .worker import protocol
+
+if TYPE_CHECKING:  # not imported: the CLI starts the fork server before it imports torch (cli.py)
+    import torch
+
+    from .config import GradingConfig
 
 WORKER_PACKAGE = Path(__file__).resolve().parent / "worker"
 STUDENT_PACKAGE = Path(assignment.__file__).resolve().parent
@@ -226,6 +230,18 @@ def _new_root_steps(root: Path, stage: Path) -> list[str]:
               f"mount -t tmpfs -o size=512m,mode=1777 tmpfs {r(stage / 'scratch')}",
               f"mount -o remount,ro {q(root)}"]  # the root's own folders: nothing to write there
     return steps
+
+
+def open_sandbox(cfg: GradingConfig, config_path, private: Sequence[Path] = ()) -> "Sandbox":
+    """A sandbox for ``cfg``: the strongest strategy available, with the project tree, grading.yaml,
+    the hidden-seed file and ``private`` (a batch's submissions, its out folder, ...) hidden.
+    Raises GraderFailure when the user strategy would leave staff files readable."""
+    w = cfg.worker
+    strategy = detect_strategy(w.sandbox, w.sandbox_user)
+    hide = secret_paths([config_path, *([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []), *private])
+    if strategy == "user":
+        check_unreadable(hide, w.sandbox_user)
+    return Sandbox(Limits(w.memory_mb, w.start_timeout_s, w.threads, w.nproc), strategy, hide, w.sandbox_user)
 
 
 class Sandbox:

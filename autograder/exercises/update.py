@@ -62,6 +62,9 @@ CFG_CHOICES = {
     "max_grad_norm": (1.0, 0.05, 100.0),
 }
 VALUE_HEAD_SEED = 1
+# The modules of the project that grading_model imports (with transformers, seconds): a grading
+# imports them before Hypothesis draws anything, so their literals are in its pool (replay.py).
+MODEL_MODULES = ("assignment.model",)
 
 
 def grading_model() -> torch.nn.Module:
@@ -86,7 +89,7 @@ class UpdateCase:
     cfg: dict[str, float]
     seed: int
     scenario: str
-    initial: dict[str, torch.Tensor]  # the model's parameters before the first call (not a copy)
+    initial: dict[str, torch.Tensor]  # the model's parameters before the first call (not a copy): what the worker loads
 
     def describe(self) -> str:
         """The shape of the case; the snippet below it holds every value."""
@@ -176,6 +179,7 @@ class Updated:
     params: dict[str, torch.Tensor]          # after the last call
     final_grads: dict[str, torch.Tensor]     # .grad after the last call (absent: None)
     seen: list[dict] | None = None           # the reference only: per call, what exercises 1-3 received
+    answers: list[dict] | None = None        # the reference only: per call, the oracle's answer to exactly ``seen``
 
 
 _SCRATCH: dict[int, torch.nn.Module] = {}
@@ -221,9 +225,11 @@ class _Recording:
             setattr(reference, name, fn)
 
 
-def run_reference(model: torch.nn.Module, case: UpdateCase, mistake: str | None = None) -> Updated:
+def run_reference(model: torch.nn.Module, case: UpdateCase, mistake: str | None = None, answers: bool = False) -> Updated:
     """The reference scenario on a scratch copy of ``model``. ``mistake`` reproduces a known
-    update-order bug around the reference (for hints): "zero_grad_first" or "never_zero_grad"."""
+    update-order bug around the reference (for hints): "zero_grad_first" or "never_zero_grad".
+    ``answers``: also the oracle's answers to the requests a submission that computes exactly as
+    the reference does will make (one per call of exercises 1-3: see oracle_for)."""
     model = _scratch(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     if mistake == "never_zero_grad":
@@ -240,13 +246,14 @@ def run_reference(model: torch.nn.Module, case: UpdateCase, mistake: str | None 
                 grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     final = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
-    return Updated(metrics, grads, params, final, seen.calls)
+    answered = [{name: _answer(name, args) for name, args in call.items()} for call in seen.calls] if answers else None
+    return Updated(metrics, grads, params, final, seen.calls, answered)
 
 
 # ---- the submission, through the worker ------------------------------------------------------------
 
-def call_submission(case: UpdateCase, model: torch.nn.Module, run) -> tuple[Updated | None, list[str]]:
-    tensors = {f"param.{k}": v for k, v in model.state_dict().items()}
+def call_submission(case: UpdateCase, run) -> tuple[Updated | None, list[str]]:
+    tensors = {f"param.{k}": v for k, v in case.initial.items()}
     for i, mb in enumerate(case.minibatches):
         tensors.update({f"mb{i}.{k}": v for k, v in mb.items()})
     calls = [dict(c, prompt_length=case.prompt_lengths[c["minibatch"]]) for c in case.calls]
@@ -273,21 +280,45 @@ def call_submission(case: UpdateCase, model: torch.nn.Module, run) -> tuple[Upda
     return Updated(metrics, named(f"call{recorded}.grad."), named("param."), named("grad.")), []
 
 
-def oracle_for(case: UpdateCase):
+def _exercises_1_to_3() -> dict:
+    from .entropy import EXERCISE as ENTROPY
+    from .policy import EXERCISE as POLICY
+    from .value import EXERCISE as VALUE
+
+    return {e.name: e for e in (POLICY, VALUE, ENTROPY)}
+
+
+def _answer(name: str, args: dict) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The oracle's answer to a request for exercise ``name`` (1-3) on ``args`` (its tensors and
+    scalars): the reference's loss, its gradient w.r.t. the differentiable input, its metrics."""
+    from .. import calls as function_calls
+
+    ex = _exercises_1_to_3()[name]
+    called = function_calls.call_reference(ex, Case({k: args[k] for k in ex.tensor_params},
+                                                    {k: args[k] for k in ex.scalar_params}))
+    grad = called.grad if called.grad is not None else torch.zeros_like(args[ex.grad_param])
+    out = {"value": called.outputs["loss"], "grad": grad}
+    out.update({f"metric.{i}": called.outputs[n] for i, n in enumerate(ex.outputs[1:])})
+    return {"op": "oracle_result", "n_metrics": len(ex.outputs) - 1}, out
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and \
+        torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+
+
+def oracle_for(case: UpdateCase, reference=lambda: None):
     """The grader's answer to the worker's requests for the reference exercises 1-3, for this
     case only: the tensors the contract fixes (everything but the one the gradient flows to)
     must be the case's own minibatch tensors, so student code cannot query the reference on
-    inputs of its choosing."""
-    from .. import calls as function_calls
-    from .policy import EXERCISE as POLICY
-    from .value import EXERCISE as VALUE
-    from .entropy import EXERCISE as ENTROPY
-
-    fixed = {POLICY.name: {"logprobs_old": "logprobs_old", "advantages": "advantages"},
-             VALUE.name: {"values_old": "values_old", "returns": "returns"}, ENTROPY.name: {}}
-    specs = {e.name: e for e in (POLICY, VALUE, ENTROPY)}
-    scalars = {POLICY.name: {"clip_ratio": case.cfg["clip_ratio"]},
-               VALUE.name: {"clip_range_value": case.cfg["clip_range_value"]}, ENTROPY.name: {}}
+    inputs of its choosing. ``reference()``: the reference's Updated once computed; a request
+    identical, bit for bit, to one the reference made gets the answer computed with it."""
+    specs = _exercises_1_to_3()
+    policy, value, entropy = specs
+    fixed = {policy: {"logprobs_old": "logprobs_old", "advantages": "advantages"},
+             value: {"values_old": "values_old", "returns": "returns"}, entropy: {}}
+    scalars = {policy: {"clip_ratio": case.cfg["clip_ratio"]},
+               value: {"clip_range_value": case.cfg["clip_range_value"]}, entropy: {}}
 
     def matches(name: str, tensors: dict, header: dict) -> bool:
         ex = specs[name]
@@ -304,6 +335,16 @@ def oracle_for(case: UpdateCase):
                 return tensors[ex.grad_param].shape[:2] == mask.shape
         return False
 
+    def answered(name: str, tensors: dict) -> tuple[dict, dict] | None:
+        ref = reference()
+        if ref is None or ref.answers is None:
+            return None
+        for seen, answers in zip(ref.seen, ref.answers):
+            if name in seen and all(_same_bits(tensors[k], seen[name][k]) for k in tensors):
+                header, out = answers[name]
+                return dict(header), {k: v.clone() for k, v in out.items()}
+        return None
+
     def answer(header: dict, tensors: dict[str, torch.Tensor]) -> tuple[dict, dict]:
         name = header.get("fn")
         if name not in specs or not matches(name, tensors, header):
@@ -311,12 +352,7 @@ def oracle_for(case: UpdateCase):
                 f"exercise 5 must call {name} with the minibatch's own tensors and cfg's values (the contract: "
                 f"{', '.join(specs[name].params) if name in specs else 'exercises 1-3'}); "
                 "the grader's reference answers only those")}, {}
-        ex = specs[name]
-        called = function_calls.call_reference(ex, Case(dict(tensors), scalars[name]))
-        grad = called.grad if called.grad is not None else torch.zeros_like(tensors[ex.grad_param])
-        out = {"value": called.outputs["loss"], "grad": grad}
-        out.update({f"metric.{i}": called.outputs[n] for i, n in enumerate(ex.outputs[1:])})
-        return {"op": "oracle_result", "n_metrics": len(ex.outputs) - 1}, out
+        return answered(name, tensors) or _answer(name, {**tensors, **scalars[name]})
 
     return answer
 

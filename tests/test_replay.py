@@ -1,0 +1,91 @@
+"""Recorded examples (autograder/replay.py): a grading that replays them ends exactly as one that
+draws them with Hypothesis, for a submission that passes and for one that fails (and shrinks).
+
+Each test points PPO_GRADER_CACHE at a folder of its own, so it starts without recordings.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+import subprocess
+import sys
+
+import pytest
+
+import corpus
+from autograder import grade as grade_module
+from autograder import replay, report
+from autograder.exercises import update
+from autograder.grade import grade, open_sandbox
+from test_grader import CONFIG, QUICK, ROOT
+
+SOLUTION = (ROOT / "solutions" / "exercises.py").read_text()
+# One mistake in exercise 1 and one in exercise 5: both shrink a counterexample and give a hint.
+WRONG = corpus.render(corpus.by_name("update_no_temperature"), corpus.render(corpus.by_name("policy_sign_flipped")))
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with open_sandbox(QUICK, CONFIG) as shared:
+        yield shared
+
+
+@pytest.fixture
+def recordings(tmp_path, monkeypatch):
+    monkeypatch.setenv(replay.CACHE_ENV, str(tmp_path / "recordings"))
+    return tmp_path / "recordings"
+
+
+def _graded(source, sandbox, exercises={1, 5}) -> dict:
+    out = report.to_gradescope(grade(source, QUICK, CONFIG, exercises=exercises, sandbox=sandbox))
+    out.pop("execution_time")
+    return out
+
+
+def test_replayed_gradings_equal_drawn_ones(recordings, sandbox):
+    wrong_drawn = _graded(WRONG, sandbox)  # records only the checks it passes
+    solution_drawn = _graded(SOLUTION, sandbox)
+    recorded = list(recordings.glob("*.safetensors"))
+    assert len(recorded) == sum(1 for n in (1, 5) for _ in grade_module.CHECKS[n])
+    assert stat.S_IMODE(recordings.stat().st_mode) == 0o700  # the hidden checks' recordings are the staff's
+    assert _graded(SOLUTION, sandbox) == solution_drawn
+    wrong_replayed = _graded(WRONG, sandbox)
+    assert wrong_replayed == wrong_drawn
+    assert wrong_replayed["score"] < solution_drawn["score"] and "Hint:" in str(wrong_replayed["tests"])
+
+
+def test_a_recorded_check_draws_nothing(recordings, sandbox, monkeypatch):
+    _graded(SOLUTION, sandbox, exercises={2})
+    given = grade_module.given
+
+    def drawn(case):
+        raise AssertionError("Hypothesis drew an example of a recorded check")
+
+    monkeypatch.setattr(grade_module, "given", lambda strategy: given(strategy.map(drawn)))
+    result = grade(SOLUTION, QUICK, CONFIG, exercises={2}, sandbox=sandbox)
+    assert result.score == result.max_score
+
+
+def test_the_hidden_seed_is_never_recorded(recordings, sandbox, monkeypatch):
+    monkeypatch.setenv(QUICK.seeds.hidden_env, "987654321")
+    _graded(SOLUTION, sandbox, exercises={2})
+    visible = [c for c in grade_module.CHECKS[2] if not c.hidden]
+    assert len(list(recordings.glob("*.safetensors"))) == len(visible)
+
+
+def test_a_key_changes_with_the_check_its_examples_and_the_code(monkeypatch):
+    base = replay.key(1, "loss", 7, 12)
+    assert len({base, replay.key(1, "loss", 7, 13), replay.key(1, "loss", 8, 12), replay.key(2, "loss", 7, 12)}) == 4
+    monkeypatch.setattr(replay, "_local_modules", lambda: ("autograder.grade",))
+    assert replay.key(1, "loss", 7, 12) != base
+
+
+def test_model_modules_are_those_the_grading_model_imports():
+    """A key counts update.MODEL_MODULES as imported before Hypothesis draws: they must be all the
+    local modules that building the model adds (a fresh process: this one has imported them)."""
+    code = ("import autograder.grade, json; from autograder import replay; from autograder.exercises import update; "
+            "before = set(replay._local_modules()); update.grading_model(); "
+            "print(json.dumps(sorted(set(replay._local_modules()) - before)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == sorted(update.MODEL_MODULES)
