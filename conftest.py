@@ -36,11 +36,11 @@ def _xdist_workers() -> int:
 
 
 def pytest_configure(config):
-    from autograder.replay import CACHE_ENV
+    from autograder.config import RECORDINGS_ENV
 
-    if CACHE_ENV not in os.environ:
+    if RECORDINGS_ENV not in os.environ:
         _recordings.append(tempfile.mkdtemp(prefix="ppo-grade-recordings-"))
-        os.environ[CACHE_ENV] = _recordings[-1]
+        os.environ[RECORDINGS_ENV] = _recordings[-1]
     workers = _xdist_workers()
     if workers:
         # Each worker gets its share of the cores for torch (in-process trainings) and for what it

@@ -19,6 +19,15 @@ from assignment.contract import is_bonus
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's values
 SANDBOXES = ("auto", "namespaces", "user", "process")
 
+# Where the grader keeps the examples it records (replay.py): root's own on Gradescope, a folder
+# every sandbox hides from the workers (sandbox.open_sandbox).
+RECORDINGS_ENV = "PPO_GRADER_CACHE"
+
+
+def recordings_dir() -> Path:
+    """$PPO_GRADER_CACHE, else ~/.cache/ppo-grade."""
+    return Path(os.environ.get(RECORDINGS_ENV) or Path.home() / ".cache" / "ppo-grade")
+
 
 class ConfigError(ValueError):
     """grading.yaml is malformed; the message says where."""

@@ -46,21 +46,18 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .calls import Called
+from .config import RECORDINGS_ENV as CACHE_ENV  # noqa: F401  (the tests' name for it)
+from .config import recordings_dir as directory
 from .cases import Case
 from .exercises.update import UpdateCase, Updated
 
 FORMAT = "ppo-grade replay 1"
-CACHE_ENV = "PPO_GRADER_CACHE"
 LIBRARIES = ("torch", "numpy", "hypothesis", "transformers", "safetensors")
 # What a recording holds, by type name. UpdateCase.initial, the grading model's parameters (the
 # same for every case), is recorded once for the whole check.
 TYPES = {t.__name__: t for t in (Case, Called, UpdateCase, Updated)}
 NOT_RECORDED = {"initial"}
 ALIGN = 8  # bytes: the largest itemsize a recorded tensor has (float64, int64)
-
-
-def directory() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "ppo-grade")
 
 
 # The entry script (ppo-grade, python -m autograder, a batch's worker process) adds only its

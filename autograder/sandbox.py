@@ -232,13 +232,29 @@ def _new_root_steps(root: Path, stage: Path) -> list[str]:
     return steps
 
 
+def hidden_paths(cfg: GradingConfig, config_path, private: Sequence[Path] = ()) -> list[Path]:
+    """What a sandbox for ``cfg`` hides from its workers: the project tree, grading.yaml, the
+    hidden-seed file, the grader's recorded examples (replay.py: the reference's results, the
+    hidden checks' included) and ``private``. Those that exist: the recordings' folder is made
+    first (mode 0700), so that a grading that records it later still finds it hidden."""
+    from .config import recordings_dir
+
+    recordings = recordings_dir()
+    try:
+        recordings.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        pass  # the grading will not record (replay.save keeps nothing it cannot write)
+    return secret_paths([config_path, *([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []), recordings,
+                         *private])
+
+
 def open_sandbox(cfg: GradingConfig, config_path, private: Sequence[Path] = ()) -> "Sandbox":
     """A sandbox for ``cfg``: the strongest strategy available, with the project tree, grading.yaml,
     the hidden-seed file and ``private`` (a batch's submissions, its out folder, ...) hidden.
     Raises GraderFailure when the user strategy would leave staff files readable."""
     w = cfg.worker
     strategy = detect_strategy(w.sandbox, w.sandbox_user)
-    hide = secret_paths([config_path, *([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []), *private])
+    hide = hidden_paths(cfg, config_path, private)
     if strategy == "user":
         check_unreadable(hide, w.sandbox_user)
     return Sandbox(Limits(w.memory_mb, w.start_timeout_s, w.threads, w.nproc), strategy, hide, w.sandbox_user)

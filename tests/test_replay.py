@@ -18,6 +18,7 @@ from autograder import grade as grade_module
 from autograder import replay, report
 from autograder.exercises import update
 from autograder.grade import grade, open_sandbox
+from autograder.sandbox import hidden_paths
 from test_grader import CONFIG, QUICK, ROOT
 
 SOLUTION = (ROOT / "solutions" / "exercises.py").read_text()
@@ -72,6 +73,14 @@ def test_the_hidden_seed_is_never_recorded(recordings, sandbox, monkeypatch):
     _graded(SOLUTION, sandbox, exercises={2})
     visible = [c for c in grade_module.CHECKS[2] if not c.hidden]
     assert len(list(recordings.glob("*.safetensors"))) == len(visible)
+
+
+def test_every_sandbox_hides_the_recordings(recordings):
+    """They hold the reference's results: a sandbox hides them from its workers (the user strategy
+    refuses to grade if the sandbox user could read them), even before the first one is written."""
+    assert not recordings.exists()
+    assert recordings.resolve() in hidden_paths(QUICK, CONFIG)
+    assert stat.S_IMODE(recordings.stat().st_mode) == 0o700
 
 
 def test_a_key_changes_with_the_check_its_examples_and_the_code(monkeypatch):

@@ -359,6 +359,7 @@ def oracle_for(case: UpdateCase, reference=lambda: None):
 
 # ---- error scales and comparisons ---------------------------------------------------------------
 
+@torch.no_grad()  # what the reference received still carries its graph
 def _call_scales(seen: dict) -> dict[str, torch.Tensor]:
     """The error scales of one call's metrics, from what the reference exercises 1-3 received."""
     policy, value, entropy = (seen[n] for n in ("compute_policy_loss", "compute_value_loss", "compute_entropy_loss"))
