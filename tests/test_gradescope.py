@@ -36,7 +36,13 @@ pytestmark = [
                        reason="needs root, unshare and setpriv (CI runs as root)"),
 ]
 
-STAFF_READER = '''
+# The grader's home in the test (root's is /root, itself 0700 on Gradescope's image; this one is
+# 0755, so only the recordings folder's own mode protects it).
+HOME = "/autograder/home"
+RECORDINGS = f"{HOME}/.cache/ppo-grade"
+
+STAFF_READER = f"\nRECORDINGS = {RECORDINGS!r}\n" + '''
+
 def _read_staff_files():
     """Print, raise and return every staff file it can reach."""
     import glob as _glob
@@ -48,6 +54,11 @@ def _read_staff_files():
                 found.append(_f.read())
         except OSError as _err:
             found.append(f"{_path}: {type(_err).__name__}")
+    import os as _os
+    try:  # the grader's recorded examples (setup.sh records them): the reference's results
+        found += [open(_os.path.join(RECORDINGS, _n), "rb").read().hex() for _n in _os.listdir(RECORDINGS)]
+    except OSError as _err:
+        found.append(f"{RECORDINGS}: {type(_err).__name__}")
     return "\\n".join(found)
 
 
@@ -59,6 +70,16 @@ def _reader() -> str:
     """The blank assignment that, in every exercise, raises whatever staff files it could read."""
     text = (ROOT / "assignment" / "exercises.py").read_text() + STAFF_READER
     return text.replace('raise NotImplementedError("Exercise', 'raise RuntimeError(_STAFF + "Exercise')
+
+
+def _setup_step(marker: str) -> str:
+    """The command of setup.sh that contains ``marker``, its continuation lines joined."""
+    lines = (ROOT / "autograder" / "gradescope" / "setup.sh").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if marker in line)
+    end = start
+    while lines[end].endswith("\\"):
+        end += 1
+    return "\n".join(lines[start:end + 1])
 
 
 def _blocked_ancestor(path: Path) -> Path | None:
@@ -109,6 +130,11 @@ def gradescope(tmp_path_factory):
     # Gradescope has no checkout of the project: hide this one (the venv's editable install points into it).
     lines += [f"mount -t tmpfs -o mode=755 tmpfs {ROOT}",
               "bash /autograder/source/autograder/gradescope/harden.sh /autograder/source /autograder/venv"]
+    # setup.sh's last step, as root in /autograder/source: record the examples in root's home
+    listing = f"ls -l --time-style=full-iso {RECORDINGS}"
+    lines += [f"mkdir -m 755 {HOME}", f"export HOME={HOME}", "unset PPO_GRADER_CACHE",
+              f"(cd /autograder/source && {_setup_step('python -m autograder solutions/exercises.py')})",
+              "rm -f /tmp/setup-results.json", f"{listing} > {out}/recordings.setup 2>&1 || true"]
     cases = {"solution": f"cp {submissions}/solution.py /autograder/submission/exercises.py",
              "blank": f"cp {submissions}/blank.py /autograder/submission/exercises.py",
              "symlink": "ln -s /autograder/source/solutions/exercises.py /autograder/submission/exercises.py",
@@ -118,7 +144,8 @@ def gradescope(tmp_path_factory):
         lines += ["rm -rf /autograder/submission/* /autograder/results/*", put,
                   f"(cd /autograder && setpriv --bounding-set={DOCKER_CAPS} --inh-caps=-all "
                   f"/autograder/run_autograder > {out}/{name}.log 2>&1; echo $? > {out}/{name}.status) || true",
-                  f"cp /autograder/results/results.json {out}/{name}.json || true"]
+                  f"cp /autograder/results/results.json {out}/{name}.json || true",
+                  f"{listing} > {out}/recordings.{name} 2>&1 || true"]
     created = not Path("/autograder").exists()
     if created:
         Path("/autograder").mkdir()  # an empty mount point; everything happens in the private namespace
@@ -134,6 +161,7 @@ def gradescope(tmp_path_factory):
         log = (out / f"{name}.log").read_text()
         assert (out / f"{name}.status").read_text().strip() == "0", log
         results[name] = json.loads((out / f"{name}.json").read_text())
+    results["recordings"] = {name: (out / f"recordings.{name}").read_text() for name in ["setup", *cases]}
     return results
 
 
@@ -144,6 +172,18 @@ def test_the_solution_gets_full_marks_in_the_user_sandbox(gradescope):
         data["extra_data"]["bonus_max"] > 0, [t["name"] for t in data["tests"] if t["score"] < t["max_score"]]
     assert data["score"] == 100 + data["extra_data"]["bonus_max"]
     assert data["extra_data"]["sandbox"] == "user" and data["extra_data"]["network"] == "seccomp"
+
+
+def test_setup_records_the_examples_and_gradings_replay_them(gradescope):
+    """setup.sh's recording step leaves a recording per check of the public seed, and the
+    solution's grading through run_autograder replays them: it records nothing anew (a key that
+    differed between the two, e.g. another entry point's literals, would rewrite them)."""
+    listings = gradescope["recordings"]
+    from autograder.exercises import CHECKS
+
+    visible = sum(1 for checks in CHECKS.values() for check in checks if not check.hidden)
+    assert listings["setup"].count(".safetensors") >= visible  # the hidden ones too where no hidden seed is set
+    assert listings["solution"] == listings["setup"]
 
 
 def test_the_blank_gets_zero_saying_not_implemented(gradescope):
@@ -169,3 +209,4 @@ def test_staff_files_stay_unreadable_and_nothing_of_the_solution_leaks(gradescop
     assert not leaked, leaked[:3]
     if name == "reader":
         assert "PermissionError" in text  # it tried, and was refused
+        assert f"{RECORDINGS}: PermissionError" in text
