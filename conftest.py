@@ -46,7 +46,8 @@ def pytest_configure(config):
         # Each worker gets its share of the cores for torch (in-process trainings) and for what it
         # starts (CLI runs, trainers, the fork servers set their own): N workers of N cores would
         # otherwise each start N threads.
-        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // workers)
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, str(threads))
         import torch

@@ -66,9 +66,9 @@ def run() -> None:
     Python's own shutdown takes half a second with torch imported, and by then everything is
     written, flushed and closed; only the exit handlers (logging's, multiprocessing's) still run."""
     code = main()
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    atexit._run_exitfuncs()
     os._exit(code)
 
 

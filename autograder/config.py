@@ -20,14 +20,22 @@ VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gra
 SANDBOXES = ("auto", "namespaces", "user", "process")
 
 # Where the grader keeps the examples it records (replay.py): root's own on Gradescope, a folder
-# every sandbox hides from the workers (sandbox.open_sandbox).
+# every sandbox hides from the workers (sandbox.hidden_paths).
 RECORDINGS_ENV = "PPO_GRADER_CACHE"
 
 
-def recordings_dir() -> Path:
-    """$PPO_GRADER_CACHE, else ~/.cache/ppo-grade."""
-    return Path(os.environ.get(RECORDINGS_ENV) or Path.home() / ".cache" / "ppo-grade")
-
+def recordings_dir() -> Path | None:
+    """$PPO_GRADER_CACHE, else ~/.cache/ppo-grade, made (mode 0700) if missing. None when it is
+    not private to this user (a folder others may read or write, such as PPO_GRADER_CACHE=/tmp:
+    a recording holds the reference's results, and whoever can write one sets what later
+    gradings compare against) or cannot be made: then nothing is recorded or replayed."""
+    path = Path(os.environ.get(RECORDINGS_ENV) or Path.home() / ".cache" / "ppo-grade")
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.stat()
+    except OSError:
+        return None
+    return path if st.st_uid == os.geteuid() and not st.st_mode & 0o077 else None
 
 class ConfigError(ValueError):
     """grading.yaml is malformed; the message says where."""

@@ -32,7 +32,7 @@ from assignment.trainer.runlog import REWARD_WINDOW
 from . import __version__, calls, replay
 from .config import GradingConfig, hidden_seed
 from .exercises import CHECKS, MODULES, Check, update
-from .sandbox import Sandbox, WorkerDied, WorkerTimeout, open_sandbox  # noqa: F401  (open_sandbox: for batches and tests)
+from .sandbox import Sandbox, WorkerDied, WorkerTimeout, open_sandbox
 
 MAX_PROBLEM_LINES = 6  # per failed check: the worst few, not a wall of numbers
 
@@ -146,13 +146,15 @@ class _Context(dict):
     """What strategies, references and hints share: exercise 5's grading model, built on first use
     (importing transformers takes seconds: a grading that replays every check never needs it).
 
-    ``model`` says whether the grading includes exercise 5. Then the model is built before
+    ``recordings``: whether checks record and replay their examples (not under the process
+    sandbox, whose workers could rewrite them). ``model`` says whether the grading includes exercise 5. Then the model is built before
     Hypothesis draws anything (``before_drawing``), whatever check comes first, so that the pool of
     literals Hypothesis mixes into its draws holds the model module's (replay.py) every time."""
 
-    def __init__(self, model: bool):
+    def __init__(self, model: bool, recordings: bool):
         super().__init__()
         self.model = model
+        self.recordings = recordings  # record and replay examples (replay.py)
 
     def __missing__(self, key: str):
         if key != "model" or not self.model:
@@ -176,7 +178,8 @@ STRATEGY_NOTES = {
              "every copy root-only (chmod -R go-rwx DIR) or grade as root where unshare works (namespaces). "
              "Gradescope's image holds no such copy"],
     "process": ["the process sandbox runs submissions as you: they can read every file you can, answer keys "
-                "included; use it to check your own code, never to grade others'"],
+                "included; use it to check your own code, never to grade others'. It records and replays no "
+                "examples (a submission could rewrite them), so every grading draws them"],
 }
 
 
@@ -202,7 +205,7 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
     sandbox = open_sandbox(cfg, config_path) if own else sandbox
     log += STRATEGY_NOTES.get(sandbox.strategy, [])
     try:
-        context = _Context(model=5 in selected)
+        context = _Context(model=5 in selected, recordings=sandbox.strategy != "process")
         workers = _Workers(sandbox, sandbox.add(source))
         # A grading that will draw examples (a check without a recording) builds the model now,
         # while the server imports the model code; one that replays them all never builds it.
@@ -250,7 +253,7 @@ def _grade_all(selected, cfg, workers, context, secret, defined, training) -> li
             for check in phase:
                 result, fatal = (_zero(number, check, cfg, fatal), fatal) if fatal else \
                     _run_check(number, check, cfg, lambda: workers.get(role), workers, context,
-                               secret if hidden else cfg.seeds.public)
+                               _base_seed(check, cfg, secret))
                 results.append(result)
             if hidden:
                 workers.drop()  # a fresh worker for each exercise's hidden checks
@@ -318,10 +321,15 @@ def _evaluate(number: int, case, context: dict, run: Callable, reference=None):
     return sub, (ref[0] if ref else None), problems
 
 
+def _base_seed(check: Check, cfg: GradingConfig, secret: int) -> int:
+    """The seed a check's examples derive from: the hidden seed for hidden checks."""
+    return secret if check.hidden else cfg.seeds.public
+
+
 def _recording(number: int, check_id: str, cfg: GradingConfig, base_seed: int, context: _Context) -> str | None:
-    """The name of the check's examples recorded by an earlier grading (replay.py), or None: those
-    of the hidden seed are never recorded."""
-    if base_seed != cfg.seeds.public:
+    """The name of the check's examples as recorded by an earlier grading (replay.py), or None
+    where this grading neither records nor replays."""
+    if not context.recordings:
         return None
     return replay.key(number, check_id, _seed_for(base_seed, number, check_id), cfg.check(number, check_id).examples,
                       context.modules())
@@ -332,7 +340,7 @@ def _all_recorded(selected: dict, cfg: GradingConfig, secret: int, context: _Con
     the submission fails one."""
     for number, checks in selected.items():
         for check in checks:
-            name = _recording(number, check.id, cfg, secret if check.hidden else cfg.seeds.public, context)
+            name = _recording(number, check.id, cfg, _base_seed(check, cfg, secret), context)
             if name is None or not replay.exists(name):
                 return False
     return True

@@ -15,15 +15,19 @@ Hypothesis mixes into its draws literals of the local modules imported when it d
 grader's, the reference's, the student package's), so the key hashes which of them those are
 (those imported now, and exercise 5's model module, which a grading of exercise 5 imports before
 it draws), the text of every file of their packages (the strategies, the reference), the
-versions of the libraries that build the examples and the reference's results, and the CPU's
-vector extension (torch's kernels round differently on another one). Any change makes a new key,
-so a stale recording is never read. Only checks on the public seed are recorded: the hidden
-seed's examples never reach the disk. Exercise 5's recordings hold the grading model's
-parameters too: a grading that replays every check never imports transformers.
+versions of the libraries that build the examples and the reference's results, the CPU's
+vector extension (torch's kernels round differently on another one) and torch's thread count.
+Any change makes a new key, so a stale recording is never read. The hidden checks are recorded
+under the hidden seed's keys (a grading under another seed draws its own): they are as secret as
+the seed and the answer key, and kept as those are. Exercise 5's recordings hold the grading
+model's parameters too: a grading that replays every check never imports transformers.
 
 Recordings are safetensors files (tensors) with a JSON description, never pickle, in a folder
-only its owner can read (PPO_GRADER_CACHE, else ~/.cache/ppo-grade); outside the project tree
-and the Python environment, so no sandbox shows it to a worker.
+private to the grader's user (config.recordings_dir: $PPO_GRADER_CACHE, else ~/.cache/ppo-grade;
+one that others may read or write is not used). Every sandbox hides it from its workers
+(sandbox.hidden_paths: the user sandbox refuses to grade if its user could read it); under the
+process sandbox, where a submission runs as the grader's user and could rewrite a recording,
+the grader neither records nor replays (grade.py).
 """
 
 from __future__ import annotations
@@ -46,8 +50,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .calls import Called
-from .config import RECORDINGS_ENV as CACHE_ENV  # noqa: F401  (the tests' name for it)
-from .config import recordings_dir as directory
+from .config import recordings_dir
 from .cases import Case
 from .exercises.update import UpdateCase, Updated
 
@@ -71,7 +74,7 @@ def _local_modules() -> tuple[str, ...]:
     return _local_among(tuple(sys.modules))  # what is imported changes rarely: look again only then
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1)
 def _local_among(names: tuple[str, ...]) -> tuple[str, ...]:
     from hypothesis.internal.constants_ast import is_local_module_file
 
@@ -170,6 +173,7 @@ def _decode(x, tensors: list[torch.Tensor], initial: dict | None, sent: bool):
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """The bytes of contiguous ``t`` (any shape) as a flat uint8 view, (t.numel() * itemsize,)."""
     return t.reshape(-1).view(torch.uint8)
 
 
@@ -219,35 +223,40 @@ def _initial(examples: list[tuple[object, object]]) -> dict[str, torch.Tensor] |
 
 
 def exists(name: str) -> bool:
-    return (directory() / f"{name}.safetensors").exists()
+    folder = recordings_dir()
+    return folder is not None and (folder / f"{name}.safetensors").exists()
 
 
 def load(name: str) -> list[tuple[object, object]] | None:
-    """The recorded [(case, reference's result)] of a check, or None if there is none."""
+    """The recorded [(case, reference's result)] of a check, or None if there is none (or it
+    cannot be read: a damaged file is as good as none)."""
+    folder = recordings_dir()
+    if folder is None:
+        return None
     try:
-        with safe_open(directory() / f"{name}.safetensors", framework="pt") as f:
+        with safe_open(folder / f"{name}.safetensors", framework="pt") as f:
             description = json.loads(f.metadata()["examples"])
             tensors = _unpack(f.get_tensor("bytes"), json.loads(f.metadata()["layout"]))
-    except (OSError, SafetensorError, ValueError, KeyError, TypeError, AttributeError, RuntimeError):
+        initial = _decode(description["initial"], tensors, None, sent=True)
+        return [(_decode(case, tensors, initial, sent=True), _decode(ref, tensors, initial, sent=False))
+                for case, ref in description["examples"]]
+    except (OSError, SafetensorError, ValueError, KeyError, TypeError, AttributeError, RuntimeError, IndexError):
         return None
-    initial = _decode(description["initial"], tensors, None, sent=True)
-    return [(_decode(case, tensors, initial, sent=True), _decode(ref, tensors, initial, sent=False))
-            for case, ref in description["examples"]]
 
 
 def save(name: str, examples: list[tuple[object, object]]) -> None:
     """Record a check's examples (see load); silently keep nothing if they cannot be recorded."""
+    folder = recordings_dir()
     tensors: list[torch.Tensor] = []
     try:
         description = {"initial": _encode(_initial(examples), tensors),
                        "examples": [[_encode(case, tensors), _encode(ref, tensors)] for case, ref in examples]}
     except TypeError:
         return
+    if folder is None:
+        return
     buffer, layout = _pack(tensors)
-    folder = directory()
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        os.chmod(folder, 0o700)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".recording-")
         os.close(fd)
     except OSError:

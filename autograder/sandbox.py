@@ -235,17 +235,13 @@ def _new_root_steps(root: Path, stage: Path) -> list[str]:
 def hidden_paths(cfg: GradingConfig, config_path, private: Sequence[Path] = ()) -> list[Path]:
     """What a sandbox for ``cfg`` hides from its workers: the project tree, grading.yaml, the
     hidden-seed file, the grader's recorded examples (replay.py: the reference's results, the
-    hidden checks' included) and ``private``. Those that exist: the recordings' folder is made
-    first (mode 0700), so that a grading that records it later still finds it hidden."""
+    hidden checks' included; recordings_dir makes the folder first, so a grading that records
+    later finds it hidden) and ``private``."""
     from .config import recordings_dir
 
     recordings = recordings_dir()
-    try:
-        recordings.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError:
-        pass  # the grading will not record (replay.save keeps nothing it cannot write)
-    return secret_paths([config_path, *([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []), recordings,
-                         *private])
+    return secret_paths([config_path, *([cfg.seeds.hidden_file] if cfg.seeds.hidden_file else []),
+                         *([recordings] if recordings else []), *private])
 
 
 def open_sandbox(cfg: GradingConfig, config_path, private: Sequence[Path] = ()) -> "Sandbox":

@@ -71,7 +71,8 @@ def main() -> None:
             run = timed(cmd, clone, env)
             rows.append((name, run))
             shown = " ".join(cmd[2:] if cmd[0] == "bash" else ["python", *cmd[1:]])
-            line = f"| {name} | `{shown}` | {run['wall']:.0f} s | {run['cpu']:.0f} s | {run['last'] or 'rc ' + str(run['rc'])} |"
+            result = f"exit {run['rc']}" + (f": {run['last']}" if cmd[0] == python else "")
+            line = f"| {name} | `{shown}` | {run['wall']:.0f} s | {run['cpu']:.0f} s | {result} |"
             lines.append(line)
             print(line, flush=True)
             if run["rc"] != 0:

@@ -3,15 +3,19 @@
     python benchmarks/grade_speed.py [SUBMISSION.py] [--repeat 3] [--per-exercise] [--out reports/performance/grading.md]
 
 Each run is `python -m autograder SUBMISSION --results ...` in a fresh process, with grading.yaml
-as shipped, so Python start-up and every import are counted. The grader records the examples of
-every check a submission passes and replays them in later gradings (autograder/replay.py), so
-the first grading on a machine differs from the others: the benchmark gives the grader a folder
-of recordings of its own, empty at the start, times one grading in it first (the first grading
-on a machine, which records), then --repeat more (which replay), and reports their median. The
+as shipped, so Python start-up and every import are counted, and with a hidden seed set
+(PPO_GRADER_HIDDEN_SEED), as deployed. The grader records the examples of every check a
+submission passes and replays them in later gradings (autograder/replay.py), so the first
+grading on a machine differs from the others: the benchmark gives the grader a folder of
+recordings of its own, empty at the start, times one grading in it first (the first grading on a
+machine, which records), then --repeat more under the same hidden seed (which replay every
+check: a TA's machine, or Gradescope when the seed was set as its image was built), then
+--repeat more each under a new hidden seed (the hidden checks drawn, the visible ones replayed:
+Gradescope when the seed is set after the image is built), and reports each series' median. The
 target is a median of <= 10 s for the reference solution on a 2-core CPU machine, with the 200
 examples per exercise of grading.yaml. --per-exercise adds one `--exercise N` grading per
-exercise (replaying too). --out writes the same figures as Markdown: the machine (cores, load
-average at the start and the end), the command and every run.
+exercise (replaying every check). --out writes the same figures as Markdown: the machine (cores,
+load average at the start and the end), the command and every run.
 
 Run it on an otherwise idle machine: the grader and its worker take one core each.
 """
@@ -34,12 +38,15 @@ ROOT = Path(__file__).resolve().parent.parent
 EXERCISES = range(1, 9)
 
 
-def grade(submission: Path, results: Path, recordings: Path, *extra: str) -> dict:
+HIDDEN_SEED = 424242  # any: a deployment's secret
+
+
+def grade(submission: Path, results: Path, recordings: Path, *extra: str, hidden_seed: int = HIDDEN_SEED) -> dict:
     """One grading in a fresh process: its wall time and what results.json says."""
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "autograder", str(submission), "--results", str(results), "--quiet",
                            *extra], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, PPO_GRADER_CACHE=str(recordings)))
+                          env=dict(os.environ, PPO_GRADER_CACHE=str(recordings), PPO_GRADER_HIDDEN_SEED=str(hidden_seed)))
     wall = time.monotonic() - started
     if proc.returncode != 0:
         sys.exit(f"grading failed:\n{proc.stderr}")
@@ -78,22 +85,26 @@ def main() -> None:
     say(f"load average (1, 5, 15 min) at the start: {load()}")
     say(f"command: `{command}` (commit {commit.stdout.strip() or 'unknown'})")
     say()
-    say("| run | recordings at the start | wall (s) | grader execution_time (s) | score | sandbox |")
-    say("|---|---|---|---|---|---|")
+    say("| run | hidden checks | recordings at the start | wall (s) | grader execution_time (s) | score | sandbox |")
+    say("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         recordings, results = Path(tmp) / "recordings", Path(tmp) / "results.json"
-        runs = []
-        for i in range(args.repeat + 1):
+        series: dict[str, list[dict]] = {"first": [], "replayed": [], "drawn": []}
+        plan = [("first", HIDDEN_SEED)] + [("replayed", HIDDEN_SEED)] * args.repeat + \
+            [("drawn", HIDDEN_SEED + 1 + i) for i in range(args.repeat)]
+        for i, (kind, seed) in enumerate(plan):
             before = len(list(recordings.glob("*.safetensors")))
-            runs.append(grade(args.submission, results, recordings))
-            run = runs[-1]
-            say(f"| {'first (records)' if i == 0 else i} | {before} | {run['wall']:.2f} | {run['execution_time']:.2f} | "
+            run = grade(args.submission, results, recordings, hidden_seed=seed)
+            series[kind].append(run)
+            hidden = {"first": "drawn, recorded", "replayed": "replayed", "drawn": "a new seed: drawn"}[kind]
+            say(f"| {'first' if i == 0 else i} | {hidden} | {before} | {run['wall']:.2f} | {run['execution_time']:.2f} | "
                 f"{run['score']:g} | {run['sandbox']} |")
         say()
-        say(f"first grading on this machine (no recordings): {runs[0]['wall']:.2f} s")
-        if args.repeat:
-            walls = [r["wall"] for r in runs[1:]]
-            say(f"median wall time of the gradings after it: **{statistics.median(walls):.2f} s** over {len(walls)} runs")
+        say(f"first grading on this machine (no recordings): {series['first'][0]['wall']:.2f} s")
+        for kind, what in (("replayed", "every check replayed"), ("drawn", "the hidden checks drawn under a new seed")):
+            if series[kind]:
+                walls = [r["wall"] for r in series[kind]]
+                say(f"median wall time, {what}: **{statistics.median(walls):.2f} s** over {len(walls)} runs")
         if args.per_exercise:
             say()
             say("| exercise alone (`--exercise N`, after one untimed grading that records its examples) | wall (s) | "

@@ -7,6 +7,7 @@ Each test points PPO_GRADER_CACHE at a folder of its own, so it starts without r
 from __future__ import annotations
 
 import json
+import os
 import stat
 import subprocess
 import sys
@@ -15,11 +16,11 @@ import pytest
 
 import corpus
 from autograder import grade as grade_module
-from autograder import replay, report
+from autograder import config, replay, report
 from autograder.exercises import update
 from autograder.grade import grade, open_sandbox
 from autograder.sandbox import hidden_paths
-from test_grader import CONFIG, QUICK, ROOT
+from test_grader import CONFIG, QUICK, QUICK_EXAMPLES, ROOT, load_config
 
 SOLUTION = (ROOT / "solutions" / "exercises.py").read_text()
 # One mistake in exercise 1 and one in exercise 5: both shrink a counterexample and give a hint.
@@ -34,7 +35,7 @@ def sandbox():
 
 @pytest.fixture
 def recordings(tmp_path, monkeypatch):
-    monkeypatch.setenv(replay.CACHE_ENV, str(tmp_path / "recordings"))
+    monkeypatch.setenv(config.RECORDINGS_ENV, str(tmp_path / "recordings"))
     return tmp_path / "recordings"
 
 
@@ -68,11 +69,59 @@ def test_a_recorded_check_draws_nothing(recordings, sandbox, monkeypatch):
     assert result.score == result.max_score
 
 
-def test_the_hidden_seed_is_never_recorded(recordings, sandbox, monkeypatch):
+def test_hidden_checks_record_under_their_own_seed(recordings, sandbox, monkeypatch):
     monkeypatch.setenv(QUICK.seeds.hidden_env, "987654321")
     _graded(SOLUTION, sandbox, exercises={2})
-    visible = [c for c in grade_module.CHECKS[2] if not c.hidden]
-    assert len(list(recordings.glob("*.safetensors"))) == len(visible)
+    first = set(recordings.glob("*.safetensors"))
+    assert len(first) == len(grade_module.CHECKS[2])  # the visible and the hidden checks
+    monkeypatch.setenv(QUICK.seeds.hidden_env, "123456789")  # another deployment: its own hidden examples
+    _graded(SOLUTION, sandbox, exercises={2})
+    hidden = [c for c in grade_module.CHECKS[2] if c.hidden]
+    assert len(set(recordings.glob("*.safetensors")) - first) == len(hidden)
+
+
+def test_the_process_sandbox_neither_records_nor_replays(recordings):
+    """Its workers run as the grader's user: they could rewrite a recording, and with it what later
+    gradings compare against."""
+    process = load_config(QUICK_EXAMPLES, call_timeout_s=4.0, sandbox="process")
+    result = grade(SOLUTION, process, CONFIG, exercises={2})
+    assert result.score == result.max_score and not list(recordings.glob("*.safetensors"))
+
+
+def test_a_folder_others_can_read_or_write_is_not_used(tmp_path, monkeypatch):
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    monkeypatch.setenv(config.RECORDINGS_ENV, str(shared))
+    assert config.recordings_dir() is None and not replay.exists("any")
+    replay.save("any", [])
+    assert not list(shared.iterdir()) and stat.S_IMODE(shared.stat().st_mode) == 0o777  # left as it was
+    shared.chmod(0o700)
+    assert config.recordings_dir() == shared
+
+
+@pytest.mark.slow
+def test_no_grading_imports_a_local_module_while_it_draws(tmp_path):
+    """A key counts the local modules imported before a check draws (replay.key); one that a
+    grading imported later (a reference, a comparison or a hint importing lazily) would join
+    Hypothesis's pool of literals in a grading that draws but not in one that replays. None does,
+    beyond the model's, which a key counts in advance. A fresh process: this one imported much."""
+    code = """
+import json, sys
+sys.path.insert(0, "tests")
+from autograder import replay
+from autograder.exercises import CHECKS
+from autograder.grade import grade
+import test_replay as t
+before = set(replay._local_modules())
+for text in (t.WRONG, t.SOLUTION):
+    grade(text, t.QUICK, t.CONFIG, exercises=set(CHECKS))
+print(json.dumps(sorted(set(replay._local_modules()) - before)))
+"""
+    env = dict(os.environ, **{config.RECORDINGS_ENV: str(tmp_path / "recordings")})  # none yet: both gradings draw
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert set(json.loads(out.stdout.splitlines()[-1])) <= set(update.MODEL_MODULES)
 
 
 def test_every_sandbox_hides_the_recordings(recordings):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GenerationConfig, get_scheduler
+from transformers import AttentionInterface, GenerationConfig, get_scheduler
 
 from assignment.trainer import cli
 from assignment.trainer.config import ConfigError, DataConfig, load_config
@@ -439,7 +439,7 @@ def test_the_generation_copy_samples_without_checkpointing_hooks_and_with_groupe
     assert sampler.config._attn_implementation == attention.NAME and lm.config._attn_implementation == "sdpa"
 
 
-def test_grouped_decoding_attention_decodes_what_sdpa_decodes(monkeypatch):
+def test_grouped_decoding_attention_decodes_what_sdpa_decodes(monkeypatch, request):
     """Two query heads per key/value head (4 and 2): decoding with the grouped attention gives
     sdpa's tokens and logits, from the dynamic and the static cache, with left-padded prompts;
     and it did attend with the grouped query (B, H_kv, g, d), not with a repeated cache."""
@@ -453,12 +453,23 @@ def test_grouped_decoding_attention_decodes_what_sdpa_decodes(monkeypatch):
     queries = []
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda q, *args, **kwargs: queries.append(tuple(q.shape)) or sdpa(q, *args, **kwargs))
+    steps = []  # query lengths the model's attention function saw (transformers may group a lone query itself)
+
+    def spy(module, query, *args, **kwargs):
+        steps.append(query.shape[2])
+        return attention.grouped_decoding_attention(module, query, *args, **kwargs)
+
+    AttentionInterface.register(attention.NAME, spy)  # global: the original is registered back below
+    request.addfinalizer(lambda: AttentionInterface.register(attention.NAME, attention.grouped_decoding_attention))
     for cache in ({}, {"cache_implementation": "static"}):
         config = GenerationConfig(do_sample=False, max_new_tokens=8, pad_token_id=0, eos_token_id=[63],
                                   output_logits=True, return_dict_in_generate=True, **cache)
         plain = lm.generate(input_ids=ids, attention_mask=mask, generation_config=config)
         queries.clear()
+        steps.clear()
         mine = grouped.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        decoded = mine.sequences.shape[1] - ids.shape[1] - 1  # tokens after the prefill's
+        assert decoded > 0 and steps.count(1) == 2 * decoded  # every decoding step, both layers, went through it
         assert (3, 2, 2, 8) in queries  # (B, H_kv, g, d): the decoding steps' grouped query
         assert torch.equal(plain.sequences, mine.sequences)
         # The same products and softmax, batched otherwise. The weights are float64 but

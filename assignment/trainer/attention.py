@@ -5,8 +5,10 @@ key/value head, ``q`` query tokens, ``L`` key positions (the whole static cache)
 
 transformers' "sdpa" attention repeats every key/value head ``g`` times (``repeat_kv``) whenever
 an attention mask is given, because PyTorch's SDPA accepts ``enable_gqa`` only on its mask-less
-kernels. Decoding from a static cache always has a mask (the cache's empty slots, the prompts'
-left padding), so each decoding step copies the whole cache ``g`` times. For Qwen2.5-0.5B
+kernels (newer versions, 5.24 for one, group a lone query token as below, but not under
+torch.compile, where the sampler decodes). Decoding from a static cache always has a mask (the
+cache's empty slots, the prompts' left padding), so each decoding step copies the whole cache
+``g`` times. For Qwen2.5-0.5B
 (H = 14, H_kv = 2) sampling 256 responses into a 720-slot cache, that copy and the attention
 over the copy took 4.8 of the 5.9 s of GPU time of a 400-token rollout, and 1.0 of 2.2 s without
 the copy (H100, the course repository's decode_profile benchmark).
@@ -38,13 +40,15 @@ def grouped_decoding_attention(module: torch.nn.Module, query: torch.Tensor, key
 
     Args:
         query: (B, H, q, d); key, value: (B, H_kv, L, d).
-        attention_mask: None, or a boolean mask broadcastable to (B, 1, q, L) (True: attend).
+        attention_mask: None, or a boolean mask broadcastable to (B, 1, q, L) (True: attend); a mask
+            per head, a position bias, dropout or several query tokens go to transformers' "sdpa".
     Returns:
         (B, q, H, d) attention output, and None (no attention weights), as transformers' "sdpa".
     """
     B, H, q, d = query.shape
     groups = H // key.shape[1]
-    if q != 1 or groups == 1 or dropout:
+    if q != 1 or groups == 1 or dropout or kwargs.get("position_bias") is not None or \
+            (attention_mask is not None and attention_mask.shape[1] != 1):  # what the grouping does not carry
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     # Head h uses key/value head h // g (repeat_kv's order): rows of one key/value head are consecutive.

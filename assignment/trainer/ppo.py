@@ -15,6 +15,7 @@ approx_kl > 1.5 * target_kl).
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 from contextlib import contextmanager
@@ -250,8 +251,12 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     optimizer.zero_grad()
     ran, stopped, first = 0, False, {}
     for _ in range(cfg.ppo.epochs):
-        epoch = list(minibatches(batch, size, generator, length_groups))
-        weights = token_share_weights(epoch, accum) if length_groups else [None] * len(epoch)
+        epoch = minibatches(batch, size, generator, length_groups)
+        if length_groups:  # the weights need every minibatch's tokens before the first backward
+            epoch = list(epoch)
+            weights = token_share_weights(epoch, accum)
+        else:
+            weights = itertools.repeat(None)
         for i, (minibatch, weight) in enumerate(zip(epoch, weights)):
             step_optimizer = (i + 1) % accum == 0
             with scaled_gradients(policy, weight):

@@ -120,10 +120,10 @@ def deferred_stop_check(device: torch.device) -> Iterator[None]:
     2.37 s instead of 2.96 s. A transformers without it is unaffected.
     """
     checker = getattr(generation_utils, "DeferredStopCheck", None)
-    if checker is None or device.type != "cuda":
+    original = getattr(checker, "__dict__", {}).get("is_supported")  # the staticmethod itself, restored as it was
+    if device.type != "cuda" or not isinstance(original, staticmethod):  # absent, or not as this code knows it
         yield
         return
-    original = checker.__dict__["is_supported"]  # the staticmethod itself, restored as it was
 
     def is_supported(device: torch.device, *args: Any, **kwargs: Any) -> bool:
         return original.__func__(torch.device("mps") if device.type == "cuda" else device, *args, **kwargs)

@@ -290,7 +290,9 @@ def _exercises_1_to_3() -> dict:
 
 def _answer(name: str, args: dict) -> tuple[dict, dict[str, torch.Tensor]]:
     """The oracle's answer to a request for exercise ``name`` (1-3) on ``args`` (its tensors and
-    scalars): the reference's loss, its gradient w.r.t. the differentiable input, its metrics."""
+    scalars): the reply's header and tensors, "value" the reference's loss (a scalar), "grad" its
+    gradient w.r.t. the differentiable input (that input's shape, e.g. (B, T) or (B, T, V)),
+    "metric.i" its metrics (scalars)."""
     from .. import calls as function_calls
 
     ex = _exercises_1_to_3()[name]
@@ -303,6 +305,7 @@ def _answer(name: str, args: dict) -> tuple[dict, dict[str, torch.Tensor]]:
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` (any shapes) have the same dtype, shape and bytes (NaNs included)."""
     return a.dtype == b.dtype and a.shape == b.shape and \
         torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
 

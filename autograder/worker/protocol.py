@@ -52,14 +52,17 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _safetensors(tensors: dict[str, torch.Tensor]) -> bytes:
     """The safetensors serialisation of ``tensors`` (contiguous). Through safetensors' numpy writer
-    when numpy has every dtype (all but bfloat16): its torch writer first looks for shared storage
+    for the dtypes a frame usually carries: its torch writer first looks for shared storage
     through ctypes, which took longer than the small calls a grading's thousands of frames carry.
-    Both write the same format, which receive() reads back as torch tensors."""
+    Anything else (bfloat16, float8, a sparse tensor) goes to the torch writer, which accepts or
+    refuses it as it always did. receive() reads either back as torch tensors."""
     import torch
     from safetensors.numpy import save as np_save
     from safetensors.torch import save as st_save
 
-    if all(t.dtype != torch.bfloat16 and t.layout == torch.strided and not (t.is_neg() or t.is_conj())
+    numpy_dtypes = (torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8,
+                    torch.uint8, torch.bool)
+    if all(t.dtype in numpy_dtypes and t.layout == torch.strided and not (t.is_neg() or t.is_conj())
            for t in tensors.values()):
         return np_save({k: t.numpy() for k, t in tensors.items()})
     return st_save(tensors)
