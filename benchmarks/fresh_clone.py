@@ -70,7 +70,7 @@ def main() -> None:
         for name, cmd in steps:
             run = timed(cmd, clone, env)
             rows.append((name, run))
-            shown = " ".join(cmd[2:] if cmd[0] == "bash" else ["python", *cmd[1:]])
+            shown = cmd[2] if cmd[0] == "bash" else shlex.join(["python", *cmd[1:]])
             result = f"exit {run['rc']}" + (f": {run['last']}" if cmd[0] == python else "")
             line = f"| {name} | `{shown}` | {run['wall']:.0f} s | {run['cpu']:.0f} s | {result} |"
             lines.append(line)
