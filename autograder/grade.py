@@ -147,9 +147,10 @@ class _Context(dict):
     (importing transformers takes seconds: a grading that replays every check never needs it).
 
     ``recordings``: whether checks record and replay their examples (not under the process
-    sandbox, whose workers could rewrite them). ``model`` says whether the grading includes exercise 5. Then the model is built before
-    Hypothesis draws anything (``before_drawing``), whatever check comes first, so that the pool of
-    literals Hypothesis mixes into its draws holds the model module's (replay.py) every time."""
+    sandbox, whose workers could rewrite them). ``model``: whether the grading includes exercise
+    5; then the model is built before Hypothesis draws anything (``before_drawing``), whatever
+    check comes first, so that the pool of literals Hypothesis mixes into its draws holds the
+    model module's (replay.py) every time."""
 
     def __init__(self, model: bool, recordings: bool):
         super().__init__()

@@ -24,7 +24,8 @@ python3 -m venv /autograder/venv
 bash autograder/gradescope/harden.sh /autograder/source /autograder/venv
 # Record the examples every passing submission meets (autograder/replay.py), in root's
 # ~/.cache/ppo-grade: each grading replays them, where the grading machine's CPU has this one's
-# vector extension (else it draws them, as without a recording). Never the hidden seed's.
+# vector extension (else it draws them, as without a recording). The hidden checks' only if
+# PPO_GRADER_HIDDEN_SEED is already set here; else each grading draws those.
 /autograder/venv/bin/python -m autograder solutions/exercises.py --results /tmp/setup-results.json --quiet \
     >/dev/null 2>&1 || true
 rm -f /tmp/setup-results.json
