@@ -245,9 +245,9 @@ def hidden_paths(cfg: GradingConfig, config_path, private: Sequence[Path] = ()) 
 
 
 def open_sandbox(cfg: GradingConfig, config_path, private: Sequence[Path] = ()) -> "Sandbox":
-    """A sandbox for ``cfg``: the strongest strategy available, with the project tree, grading.yaml,
-    the hidden-seed file and ``private`` (a batch's submissions, its out folder, ...) hidden.
-    Raises GraderFailure when the user strategy would leave staff files readable."""
+    """A sandbox for ``cfg``: the strongest strategy available, with ``hidden_paths`` hidden
+    (``private``: a batch's submissions, its out folder, ...). Raises GraderFailure when the user
+    strategy would leave any of them readable."""
     w = cfg.worker
     strategy = detect_strategy(w.sandbox, w.sandbox_user)
     hide = hidden_paths(cfg, config_path, private)

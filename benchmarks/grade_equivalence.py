@@ -36,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TIMING_FIELDS = ("execution_time",)
 
 # Run in the grading process by --trace: wraps the grader's one function that evaluates a case and
-# records a digest of the case. It is passed with -c, so it adds no module with a __file__ (Hypothesis
+# records a digest of the case (its own digest, not replay.digest: it must trace graders from before
+# replay.py too). It is passed with -c, so it adds no module with a __file__ (Hypothesis
 # draws some examples from the literals of local modules: a module of ours would change them).
 TRACE = r"""
 import hashlib, os, runpy, sys, torch
