@@ -7,8 +7,14 @@ test compares to ``OUT`` (a torch file):
     grad_norm: that minibatch's gradient norm, as exercise 5 returns it (a float, under FSDP too);
     weights: the policy's parameters after one PPO minibatch on the same global batch (B rows of
         equal length, so per-process token means average to the global one), through DDP or FSDP;
-    weights_half: (one process only) the same update from the first half of the rows alone, what
-        a run without gradient averaging would give: the test's proof that it can fail;
+    (one process only, what the test checks the two against:)
+    grads: the gradients that update stepped on;
+    grads_halves: the gradients each process of two computes, {name: (2, ...)}: the same update
+        run on the first and on the second half of the rows alone, with the same minibatch size;
+    weights_averaged: the SGD step on the average of grads_halves, what the two processes'
+        all-reduce and step compute;
+    magnitudes: {name: S}, the sum over the batch's real tokens of the magnitude of each token's
+        gradient, divided by their number: the magnitudes the gradient sums (see the test);
     records: evaluation records of 7 problems in batches of 3 (uneven splits), gathered in order.
 
     python tests/distributed_check.py OUT
@@ -30,7 +36,7 @@ from assignment.trainer.distributed import Distributed, sharded_eval_batches, wh
 from assignment.trainer.evaluate import evaluate_batches
 from assignment.trainer.impl import load_impl
 from assignment.trainer.loading import build_models, load_tokenizer
-from assignment.trainer.ppo import kl_penalties, ppo_update
+from assignment.trainer.ppo import UpdateConfig, kl_penalties, ppo_update
 from assignment.trainer.rollout import Rollout, Sample, reference_forward, response_forward
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +58,53 @@ def rollout_rows(policy, ref, ids: torch.Tensor, mask: torch.Tensor, rows: slice
                     torch.zeros(B, dtype=torch.bool)[rows])
     return Rollout(sample, full[rows, :P + width], attention[rows, :P + width], logprobs[rows, :width],
                    ref_logprobs[rows, :width], values[rows, :width])
+
+
+class KeepGradSGD(torch.optim.SGD):
+    """SGD over named parameters that keeps a copy of each gradient it steps on, by name."""
+
+    def __init__(self, named_parameters, lr: float):
+        named = list(named_parameters)
+        self.names = {id(p): name for name, p in named}
+        self.grads: dict[str, torch.Tensor] = {}
+        super().__init__([p for _, p in named], lr=lr)
+
+    def step(self, closure=None):
+        self.grads = {self.names[id(p)]: p.grad.detach().clone() for group in self.param_groups
+                      for p in group["params"] if p.grad is not None}
+        return super().step(closure)
+
+
+def sgd_step(policy: torch.nn.Module, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``policy``'s weights after one step of the same SGD on the gradients ``grads`` (exercise 5
+    clips by a factor of exactly 1 here: the test asserts the norm is below ppo.max_grad_norm)."""
+    for name, p in policy.named_parameters():
+        p.grad = grads.get(name)
+    torch.optim.SGD(policy.parameters(), lr=LR).step()
+    return {name: p.detach().clone() for name, p in policy.state_dict().items()}
+
+
+def token_gradient_magnitudes(impl, policy: torch.nn.Module, part: Rollout, advantages: torch.Tensor,
+                              cfg) -> dict[str, torch.Tensor]:
+    """{name: (1/n) sum_t |grad of l_t|} over the n real tokens t of the batch, where l_t is the
+    loss of exercise 5 on token t alone (its response mask one-hot at t): exercise 5's loss is the
+    token mean (1/n) sum_t l_t, so its gradient is the sum of these terms, of which this is the
+    sum of magnitudes. Each l_t comes from the student-facing exercise 5 itself (never stepping)."""
+    batch = part.update_batch(advantages, part.values)
+    update_cfg = UpdateConfig.from_config(cfg)
+    optimizer = torch.optim.SGD(policy.parameters(), lr=LR)  # exercise 5's argument; never stepped
+    mask = batch["response_mask"].bool()
+    sums = {name: torch.zeros_like(p) for name, p in policy.named_parameters()}
+    for b, t in mask.nonzero().tolist():
+        one = torch.zeros_like(mask)
+        one[b, t] = True
+        impl.ppo_minibatch_update(policy, optimizer, {**batch, "response_mask": one.to(batch["response_mask"].dtype)},
+                                  update_cfg, False)
+        for name, p in policy.named_parameters():
+            if p.grad is not None:
+                sums[name] += p.grad.abs()
+        optimizer.zero_grad(set_to_none=True)
+    return {name: s / int(mask.sum()) for name, s in sums.items()}
 
 
 def main(out: Path) -> None:
@@ -76,26 +129,38 @@ def main(out: Path) -> None:
     result["advantages"], result["mask"] = advantages, whole.sample.response_mask
 
     # One PPO minibatch of the global batch, every response of length T, through DDP.
-    def update(rows: slice, minibatch_size: int) -> tuple[dict[str, torch.Tensor], float]:
-        """The weights after the update, and its gradient norm (exercise 5's, before clipping)."""
-        policy_copy = build_models(cfg.model, tokenizer, 0, torch.device("cpu"))[0]
-        part = rollout_rows(policy_copy, ref, ids, torch.ones(B, T, dtype=torch.bool), rows)
-        with torch.no_grad():  # a fixed advantage per row: the reward, centred over the global batch
-            adv = (rewards - rewards.mean())[rows, None].expand(-1, T).contiguous()
+    def update(rows: slice, minibatch_size: int) -> tuple[dict[str, torch.Tensor], float, dict[str, torch.Tensor]]:
+        """The weights after the update, its gradient norm (exercise 5's, before clipping) and the
+        gradients the optimizer stepped on (this process's own, before any averaging)."""
+        policy_copy, part, adv = update_inputs(rows)
         model = dist.wrap(policy_copy)  # DDP in a job of several processes, the policy itself in one
-        optimizer = torch.optim.SGD(policy_copy.parameters(), lr=LR)
+        optimizer = KeepGradSGD(policy_copy.named_parameters(), lr=LR)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         metrics = ppo_update(impl, model, optimizer, scheduler, part.update_batch(adv, part.values), cfg,
                    torch.Generator().manual_seed(1), minibatch_size=minibatch_size,
                    agree=dist.mean if dist.active else None)
         # the full weights (FSDP gathers its shards; on the main process alone, which saves them)
         weights = {name: weight.detach().clone() for name, weight in dist.model_state(policy_copy).items()}
-        return weights, metrics["stats/grad_norm"]
+        return weights, metrics["stats/grad_norm"], optimizer.grads
 
-    result["weights"], result["grad_norm"] = update(dist.shard(B), B // dist.world_size)
+    def update_inputs(rows: slice):
+        """A fresh copy of the policy, its rollout of ``rows`` and their advantages."""
+        policy_copy = build_models(cfg.model, tokenizer, 0, torch.device("cpu"))[0]
+        part = rollout_rows(policy_copy, ref, ids, torch.ones(B, T, dtype=torch.bool), rows)
+        with torch.no_grad():  # a fixed advantage per row: the reward, centred over the global batch
+            adv = (rewards - rewards.mean())[rows, None].expand(-1, T).contiguous()
+        return policy_copy, part, adv
+
+    result["weights"], result["grad_norm"], grads = update(dist.shard(B), B // dist.world_size)
     if not dist.active:
-        result["weights_half"] = update(slice(0, B // 2), B // 2)[0]
-    result["weights_before"] = {name: p.detach().clone() for name, p in policy.named_parameters()}
+        result["grads"] = grads
+        halves = [update(rows, B // 2)[2] for rows in (slice(0, B // 2), slice(B // 2, B))]
+        result["grads_halves"] = {name: torch.stack([h[name] for h in halves]) for name in halves[0]}
+        # What DDP's all-reduce hands each process: the sum of the two gradients, divided by 2.
+        result["weights_averaged"] = sgd_step(build_models(cfg.model, tokenizer, 0, torch.device("cpu"))[0],
+                                              {name: (a + b) / 2 for name, (a, b) in result["grads_halves"].items()})
+        result["magnitudes"] = token_gradient_magnitudes(impl, *update_inputs(slice(0, B)), cfg)
+    result["lr"] = LR
 
     # Evaluation: 7 problems in batches of 3, each batch split over the processes.
     # Under FSDP from a sharded copy of the same weights: generation itself is then a collective.
