@@ -52,8 +52,23 @@ class PolicyWithValueHead(nn.Module):
             logits_to_keep=logits_to_keep,
         )
         hidden = out.hidden_states[-1]  # (B, L, H)
-        values = self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)  # (B, L)
-        return out.logits, values
+        return out.logits, self.values(hidden)
+
+    def values(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The value head on the last hidden states (B, L, H) -> values (B, L), in float32."""
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1)
+
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The transformer without its LM head: (last hidden states (B, L, H), values (B, L)).
+        With ``lm_head`` this is ``forward``, for callers that apply the head in pieces (the
+        trainer's scoring forwards, ``assignment.trainer.rollout``)."""
+        hidden = self.lm.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                    position_ids=position_ids_from_mask(attention_mask), use_cache=False).last_hidden_state
+        return hidden, self.values(hidden)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head: hidden states (..., H) -> logits (..., V)."""
+        return self.lm.get_output_embeddings()(hidden)
 
 
 def tiny_llama(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 2, seed: int = 0,

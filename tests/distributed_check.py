@@ -37,7 +37,7 @@ from assignment.trainer.evaluate import evaluate_batches
 from assignment.trainer.impl import load_impl
 from assignment.trainer.loading import build_models, load_tokenizer
 from assignment.trainer.ppo import UpdateConfig, kl_penalties, ppo_update
-from assignment.trainer.rollout import Rollout, Sample, reference_forward, response_forward
+from assignment.trainer.rollout import ReferenceForward, Rollout, Sample, response_forward
 
 ROOT = Path(__file__).resolve().parents[1]
 B, P, T = 4, 3, 5  # global rows, prompt columns, response columns
@@ -52,7 +52,7 @@ def rollout_rows(policy, ref, ids: torch.Tensor, mask: torch.Tensor, rows: slice
     full = torch.cat([ids[:, :P], torch.where(mask, ids[:, P:], 0)], dim=1)
     with torch.no_grad():
         logprobs, values = response_forward(policy, full, attention, P, 1.0, B)
-        ref_logprobs, _ = response_forward(reference_forward(ref), full, attention, P, 1.0, B)
+        ref_logprobs, _ = response_forward(ReferenceForward(ref), full, attention, P, 1.0, B)
     width = int(mask[rows].sum(dim=-1).max())
     sample = Sample(full[rows, :P], attention[rows, :P], full[rows, P:P + width], mask[rows, :width],
                     torch.zeros(B, dtype=torch.bool)[rows])

@@ -130,6 +130,10 @@ def test_unknown_key_in_yaml_names_the_file(tmp_path):
     ("rollout.compile=true", "rollout.compile needs rollout.cache_implementation=static"),
     ("rollout.generation_dtype=int8", "generation_dtype"),
     ("train.time_limit_s=-5", "time_limit_s"),
+    ("ppo.optimizer=sgd", "ppo.optimizer must be adamw or adamw_8bit"),
+    ("model.reference_dtype=int8", "model.reference_dtype"),
+    ("rollout.logits_chunk_tokens=0", "logits_chunk_tokens"),
+    ("train.max_gpu_memory_gib=0", "max_gpu_memory_gib"),
 ])
 def test_bad_values_are_refused_by_name(override, message):
     with pytest.raises(ConfigError, match=message):
@@ -141,3 +145,31 @@ def test_missing_file_and_malformed_override():
         load_config("configs/nope.yaml")
     with pytest.raises(ConfigError, match="key=value"):
         load_config(None, ["ppo.lr"])
+
+
+def test_a_profile_is_its_base_recipe_with_its_own_changes(monkeypatch):
+    """configs/gsm8k_qwen_coder_{24gb,16gb}.yaml name the recipe as their base: every field they do
+    not set is the recipe's, and the optimizer steps see as many responses as the recipe's."""
+    monkeypatch.setenv("MODEL_DIR", "/models")
+    recipe = load_config("configs/gsm8k_qwen_coder.yaml")
+    for name, cap in (("24gb", 20), ("16gb", 14)):
+        profile = load_config(f"configs/gsm8k_qwen_coder_{name}.yaml")
+        assert profile.train.max_gpu_memory_gib == cap and recipe.train.max_gpu_memory_gib is None
+        assert profile.ppo.minibatch_size * profile.ppo.grad_accum_steps == recipe.ppo.minibatch_size * recipe.ppo.grad_accum_steps
+        assert (profile.ppo.lr, profile.kl, profile.reward, profile.data) == (recipe.ppo.lr, recipe.kl, recipe.reward, recipe.data)
+        assert profile.model.name == "/models" and profile.train.steps == recipe.train.steps
+
+
+def test_a_base_that_is_missing_circular_or_not_a_path_is_a_config_error(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\nppo:\n  lr: 0.5\n")
+    with pytest.raises(ConfigError, match="not found.*b.yaml"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match="its own base"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "b.yaml").write_text("base: [1]\n")
+    with pytest.raises(ConfigError, match="base must be the path"):
+        load_config(tmp_path / "a.yaml")
+    (tmp_path / "b.yaml").write_text("ppo:\n  epochs: 3\n  lr: 0.1\n")
+    cfg = load_config(tmp_path / "a.yaml", ["train.steps=2"])
+    assert (cfg.ppo.epochs, cfg.ppo.lr, cfg.train.steps) == (3, 0.5, 2)

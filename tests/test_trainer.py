@@ -3,6 +3,7 @@ early stop and advantage guard, runs, resume (after a kill and after the time li
 evaluation records, the CLI's clear errors, and GGUF quantization flags."""
 
 import copy
+import itertools
 import dataclasses
 import json
 import sys
@@ -19,7 +20,7 @@ from assignment.trainer.loading import build_models, clear_quantization_flags, l
 from assignment.model import PolicyWithValueHead, tiny_llama
 from assignment.trainer.batch import minibatches, response_slice, trim_padding
 from assignment.trainer.ppo import KLController, UpdateConfig, first_kl_tolerance, guard_advantages, ppo_update
-from assignment.trainer.rollout import (collect, generate, generation_copy, refresh_copy, render_prompts,
+from assignment.trainer.rollout import (ReferenceForward, collect, generate, generation_copy, head_apart, refresh_copy, render_prompts,
                                        response_forward, response_mask_from_ids, sample)
 from assignment.helpers import logprobs_from_logits
 from assignment.trainer import attention, loop
@@ -375,6 +376,63 @@ def test_a_bfloat16_sampler_is_refreshed_every_step_and_keeps_the_first_ratio_at
     assert all(abs(m["stats/approx_kl_first"]) <= FIRST_KL_TOL for m in result.metrics)
 
 
+def test_the_small_card_settings_train_and_resume_exactly(tmp_path):
+    """ppo.optimizer=adamw_8bit (bitsandbytes), a bfloat16 reference and chunked scoring logits
+    (the 16 GB profile's settings): a run killed after step 2 and resumed gives the uninterrupted
+    run, step for step. The model is wide enough (hidden 64) that its matrices get 8-bit state
+    (bitsandbytes keeps tensors under 4096 elements at 32 bits), and the embeddings keep 32-bit
+    state, as build_optimizer asks."""
+    small_card = ("model.hidden_size=64", "ppo.optimizer=adamw_8bit", "model.reference_dtype=bfloat16",
+                  "rollout.logits_chunk_tokens=5", "train.steps=3")
+    straight = train(tiny_cfg(tmp_path / "a", *small_card), SOLUTION)
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_3(step, metrics):
+        if step == 3:
+            raise Killed
+
+    cfg = tiny_cfg(tmp_path / "b", *small_card, "train.checkpoint_every=2")
+    with pytest.raises(Killed):
+        train(cfg, SOLUTION, on_step=kill_at_3)
+    resumed = train(cfg, SOLUTION, resume=True)
+    assert [(a["rollout/reward_mean"], a["rollout/kl"], a["loss/total"]) for a in straight.metrics] == \
+        [(b["rollout/reward_mean"], b["rollout/kl"], b["loss/total"]) for b in resumed.metrics]
+    assert all(abs(m["stats/approx_kl_first"]) <= FIRST_KL_TOL for m in straight.metrics)
+    policy, ref = build_models(cfg.model, load_tokenizer(cfg.model), 0, torch.device("cpu"))
+    assert {p.dtype for p in ref.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in policy.parameters()} == {torch.float32}
+    # One step of the optimizer: 8-bit state for an MLP matrix, 32-bit for the embeddings.
+    optimizer = loop.build_optimizer(policy, cfg.ppo)
+    sum(p.sum() for p in policy.parameters()).backward()
+    optimizer.step()
+    state = optimizer.state
+    assert state[policy.lm.model.layers[0].mlp.up_proj.weight]["state1"].dtype == torch.uint8
+    assert state[policy.lm.model.embed_tokens.weight]["state1"].dtype == torch.float32
+
+
+def test_the_8bit_optimizer_without_bitsandbytes_is_a_config_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # import fails as if not installed
+    policy = PolicyWithValueHead(tiny_llama(vocab_size=40, hidden_size=16, num_layers=1))
+    with pytest.raises(ConfigError, match="needs bitsandbytes.*lowmem"):
+        loop.build_optimizer(policy, load_config(None, ["ppo.optimizer=adamw_8bit"]).ppo)
+
+
+def test_the_memory_cap_is_a_fraction_of_the_card(monkeypatch):
+    """train.max_gpu_memory_gib becomes torch's per-process memory fraction of the card; a cap above
+    the card is refused; off CUDA there is nothing to cap."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"total_memory": 80 * 2**30}))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device: calls.append(fraction))
+    cuda = torch.device("cuda:0")
+    assert loop.cap_gpu_memory(cuda, 20.0) == {"gpu_memory_gib": 80.0, "max_gpu_memory_gib": 20.0} and calls == [0.25]
+    assert loop.cap_gpu_memory(cuda, None) == {"gpu_memory_gib": 80.0} and calls == [0.25]
+    with pytest.raises(ConfigError, match="more than this card has"):
+        loop.cap_gpu_memory(cuda, 96.0)
+    assert loop.cap_gpu_memory(torch.device("cpu"), 20.0) == {}
+
+
 def test_the_value_head_can_learn_at_its_own_rate(tmp_path):
     """ppo.value_head_lr puts the head in an AdamW group of its own; the scheduler's warmup
     scales both groups alike, and every parameter is in exactly one group."""
@@ -499,12 +557,26 @@ def test_the_scoring_forward_by_length_gives_the_whole_batch_forward():
     expected_values = response_slice(values, P, T)
     tolerance = first_kl_tolerance(policy, float(max(expected[response_mask].abs().max(),
                                                      expected_values[response_mask].abs().max())))
-    for chunk in (1, 3, 7):
+    # rollout.logits_chunk_tokens: the LM head apart from the transformer, on 1, 4 or all tokens at once
+    for chunk, logits_chunk in itertools.product((1, 3, 7), (None, 1, 4, 1000)):
         with torch.no_grad():
-            logprobs, got_values = response_forward(policy, ids, mask, P, temperature, chunk)
+            logprobs, got_values = response_forward(policy, ids, mask, P, temperature, chunk, logits_chunk)
+            ref_logprobs, none = response_forward(ReferenceForward(policy.lm), ids, mask, P, temperature, chunk, logits_chunk)
         assert float((logprobs - expected)[response_mask].abs().max()) <= tolerance
+        assert float((ref_logprobs - expected)[response_mask].abs().max()) <= tolerance and none is None
         assert float((got_values - expected_values)[response_mask].abs().max()) <= tolerance
     assert float(expected_values[response_mask].abs().min()) > 0  # the values are compared, not zeros
+
+
+def test_the_head_runs_apart_only_where_the_logits_are_its_product():
+    """head_apart: a plain LM head runs apart from the transformer; soft-capped or scaled logits
+    (Gemma, Cohere) keep the whole forward, as does anything that is not a policy or a reference."""
+    policy = PolicyWithValueHead(tiny_llama(vocab_size=40, hidden_size=16, num_layers=1))
+    assert head_apart(policy) == (policy.hidden_states, policy.lm_head)
+    assert head_apart(ReferenceForward(policy.lm))[1] is policy.lm.get_output_embeddings()
+    policy.lm.config.final_logit_softcapping = 30.0
+    assert head_apart(policy) is None and head_apart(ReferenceForward(policy.lm)) is None
+    assert head_apart(lambda ids, mask, keep: None) is None
 
 
 def test_fixed_length_prompts_for_compiled_decoding_change_no_response(rollout_setup):

@@ -49,10 +49,13 @@ def save(out: Path, step: int, policy: dict[str, Any], optimizer: dict[str, Any]
     return path
 
 
-def load(out: Path, device: torch.device) -> dict[str, Any]:
+def load(out: Path) -> dict[str, Any]:
     """The checkpoint of the run in ``out``; raises FileNotFoundError if it has none."""
     path = out / FILENAME
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint to resume from in {out}")
-    # weights_only=False: the file is our own and holds Python and NumPy RNG states.
-    return torch.load(path, map_location=device, weights_only=False)
+    # weights_only=False: the file is our own and holds Python and NumPy RNG states. Loaded to the
+    # CPU: load_state_dict copies each tensor to its parameter's device, and a whole checkpoint
+    # on the GPU beside the model it fills would need their memory twice (past
+    # train.max_gpu_memory_gib on a small card).
+    return torch.load(path, map_location="cpu", weights_only=False)

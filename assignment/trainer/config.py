@@ -42,6 +42,16 @@ class ModelConfig:
     dtype: str = "float32"
     # Trade compute for memory in the update's forward/backward.
     gradient_checkpointing: bool = False
+    # The frozen reference's dtype (null: model.dtype). bfloat16 halves its memory (1 GB less for a
+    # 0.5B model); its log-probs, and so the k1 penalty, then carry bfloat16 rounding
+    # (reports/performance/reference_precision.md measures how much). float16 on cards without
+    # bfloat16 (T4, V100).
+    reference_dtype: Optional[str] = None
+    # CUDA only: compile each decoder layer of the policy and the reference (torch.compile, dynamic
+    # shapes), for the update's and the scoring forwards. Small minibatches are launch-bound in
+    # eager mode: ~25 ms of host time per forward of a 24-layer model, whatever its size. Evaluation
+    # and sampling from the policy itself stay eager. Not under FSDP.
+    compile: bool = False
     # Size of the synthetic model (ignored for real models). 128 rather than 64: the wider
     # random features tell the operands apart sooner (measured: 40% vs 27% accuracy at 400 steps).
     hidden_size: int = 128
@@ -121,6 +131,11 @@ class RolloutConfig:
     top_k: int = 0
     # Forward passes over the rollout run in chunks of this many sequences (memory bound).
     forward_batch_size: int = 64
+    # The scoring forwards (logprobs_old, the reference's log-probs) apply the LM head to at most
+    # this many response tokens at a time, so that no (rows x tokens x vocabulary) logits tensor
+    # outlives one chunk: ~3 x logits_chunk_tokens x V x 4 bytes at once (2048 tokens of Qwen's
+    # 151,936: 3.7 GB). null: the LM head runs on each chunk of forward_batch_size rows whole.
+    logits_chunk_tokens: Optional[int] = None
     # KV cache of the rollout's ``generate``: null, transformers' default dynamic cache; "static",
     # a preallocated cache (GenerationConfig.cache_implementation). Off by default. Evaluation
     # always decodes eagerly with the dynamic cache (assignment/trainer/evaluate.py says why).
@@ -145,6 +160,10 @@ class PPOConfig:
     # learn faster per second (4 epochs: 67.5% vs 64.5% accuracy at 400 steps, 1.6x the time).
     epochs: int = 2
     minibatch_size: int = 32
+    # adamw: torch's AdamW, float32 state (8 bytes a parameter). adamw_8bit: bitsandbytes'
+    # AdamW8bit (the `lowmem` extra), block-wise 8-bit state (2 bytes a parameter), with the
+    # embeddings kept at 32-bit state as transformers' Trainer keeps them (adamw_bnb_8bit).
+    optimizer: str = "adamw"
     # Minibatches per optimizer step; (batch_size / minibatch_size) must be a multiple of it.
     grad_accum_steps: int = 1
     clip_ratio: float = 0.2
@@ -227,6 +246,10 @@ class TrainConfig:
     seed: int = 0
     # cpu | cuda | cuda:N | auto (cuda when available).
     device: str = "auto"
+    # Cap on the GPU memory torch's allocator may hold, GiB (null: the whole card), through
+    # torch.cuda.set_per_process_memory_fraction: on a larger card, a run fails where it would fail
+    # on a card of this size (the CUDA context, ~0.5 GiB, comes on top). Recorded in run.json.
+    max_gpu_memory_gib: Optional[float] = None
     # Run directory: metrics, TensorBoard, checkpoints, effective config, reward curve.
     output_dir: str = "runs/cpu_synthetic"
     # Save a checkpoint every this many steps (0: only at the end); only the latest is kept.
@@ -255,6 +278,7 @@ class TrainConfig:
 
 
 ALGORITHMS = ("ppo", "grpo", "dr_grpo")
+OPTIMIZERS = ("adamw", "adamw_8bit")
 
 
 @dataclass(frozen=True)
@@ -345,6 +369,13 @@ def _validate(cfg: Config) -> None:
     need(0 < rollout.top_p <= 1, f"rollout.top_p must be in (0, 1], got {rollout.top_p}")
     need(rollout.top_k >= 0, f"rollout.top_k must be >= 0, got {rollout.top_k}")
     need(rollout.forward_batch_size >= 1, "rollout.forward_batch_size must be >= 1")
+    need(rollout.logits_chunk_tokens is None or rollout.logits_chunk_tokens >= 1,
+         "rollout.logits_chunk_tokens must be null or >= 1")
+    need(cfg.model.reference_dtype in (None, "float32", "bfloat16", "float16"),
+         f"model.reference_dtype must be null, float32, bfloat16 or float16, got '{cfg.model.reference_dtype}'")
+    need(ppo.optimizer in OPTIMIZERS, f"ppo.optimizer must be {' or '.join(OPTIMIZERS)}, got '{ppo.optimizer}'")
+    need(cfg.train.max_gpu_memory_gib is None or cfg.train.max_gpu_memory_gib > 0,
+         "train.max_gpu_memory_gib must be null or > 0")
     need(ppo.epochs >= 1, "ppo.epochs must be >= 1")
     need(ppo.minibatch_size >= 1 and rollout.batch_size % ppo.minibatch_size == 0,
          f"ppo.minibatch_size ({ppo.minibatch_size}) must divide rollout.batch_size ({rollout.batch_size})")
@@ -377,23 +408,14 @@ def _validate(cfg: Config) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults, then the YAML file at ``path``, then ``key=value`` overrides; validated.
+    """Defaults, then the YAML file at ``path`` (after the file its ``base`` key names, if any), then
+    ``key=value`` overrides; validated.
 
     Raises ConfigError for a missing file, an unknown key (naming the closest valid one), a
     value of the wrong type, or a value out of range.
     """
     merged = OmegaConf.structured(Config)
-    layers = []
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            layers.append((OmegaConf.load(path), str(path)))
-        except Exception as err:  # YAML syntax errors come in several exception types
-            raise ConfigError(f"cannot parse {path}: {err}") from None
-        if not isinstance(layers[-1][0], DictConfig):
-            raise ConfigError(f"{path} must hold a mapping of config sections")
+    layers = [] if path is None else _file_layers(Path(path), ())
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value")
@@ -413,6 +435,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raise ConfigError(f"cannot resolve the config: {_short(err)}") from None
     _validate(cfg)
     return cfg
+
+
+def _file_layers(path: Path, seen: tuple[Path, ...]) -> list[tuple[DictConfig, str]]:
+    """The layers of a config file: those of the file its top-level ``base`` key names (a path
+    relative to it, merged first), then its own. A profile (configs/gsm8k_qwen_coder_16gb.yaml)
+    says only what it changes in the recipe it names, so the two cannot drift apart."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path} is its own base: " + " -> ".join(str(p) for p in (*seen, path.resolve())))
+    try:
+        layer = OmegaConf.load(path)
+    except Exception as err:  # YAML syntax errors come in several exception types
+        raise ConfigError(f"cannot parse {path}: {err}") from None
+    if not isinstance(layer, DictConfig):
+        raise ConfigError(f"{path} must hold a mapping of config sections")
+    base = layer.pop("base", None)
+    if base is not None and not isinstance(base, str):
+        raise ConfigError(f"{path}: base must be the path of another config file, got {base!r}")
+    below = [] if base is None else _file_layers(path.parent / base, (*seen, path.resolve()))
+    return below + [(layer, str(path))]
 
 
 def _short(err: Exception) -> str:

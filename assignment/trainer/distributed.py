@@ -107,6 +107,10 @@ class Distributed:
         # Its gradient weights are hooks on the parameters, untested on FSDP's sharded ones.
         if self.fsdp and cfg.ppo.length_grouping:
             raise ConfigError("ppo.length_grouping is not supported under FSDP: set ppo.length_grouping=false")
+        # Both act on the parameters FSDP replaces by shards: untested there.
+        if self.fsdp and (cfg.model.compile or cfg.ppo.optimizer != "adamw"):
+            raise ConfigError("model.compile and ppo.optimizer=adamw_8bit are not supported under FSDP: "
+                              "set model.compile=false ppo.optimizer=adamw")
 
     def device(self, name: str) -> torch.device:
         """The device of this process: accelerate's (cuda:LOCAL_RANK, or cpu under --cpu) in a job of
@@ -336,3 +340,4 @@ class NullProgress:
 
     def add(self, *args: Any, **kwargs: Any) -> None: ...
     def finish(self, *args: Any, **kwargs: Any) -> None: ...
+    def record(self, *args: Any, **kwargs: Any) -> None: ...

@@ -16,7 +16,9 @@ does the same, but in trl 1.16 it moved to ``trl.experimental``, whose import wa
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
@@ -107,18 +109,57 @@ def load_lm(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> 
     return lm.train()
 
 
-def reference_model(lm: PreTrainedModel) -> PreTrainedModel:
-    """A frozen copy of ``lm`` in eval mode: the KL anchor, never updated."""
-    return copy.deepcopy(lm).eval().requires_grad_(False)
+def reference_model(lm: PreTrainedModel, dtype: torch.dtype | None = None) -> PreTrainedModel:
+    """A frozen copy of ``lm`` in eval mode, its weights in ``dtype`` (None: as loaded): the KL
+    anchor, never updated. Parameters only are cast: buffers such as RoPE's inv_freq stay as
+    loaded (in bfloat16 it would shift the rotary phase, as ``rollout.generation_copy`` says)."""
+    ref = copy.deepcopy(lm).eval().requires_grad_(False)
+    if dtype is not None:
+        for param in ref.parameters():
+            param.data = param.data.to(dtype)
+    return ref
 
 
 def build_models(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int,
                  device: torch.device) -> tuple[PolicyWithValueHead, PreTrainedModel]:
     """The trainable policy (LM + value head) and the frozen reference, both on ``device``."""
     lm = load_lm(cfg, tokenizer, seed)
-    ref = reference_model(lm)  # copied before checkpointing: the reference never runs backward
+    # copied before checkpointing: the reference never runs backward
+    ref = reference_model(lm, DTYPES[cfg.reference_dtype] if cfg.reference_dtype else None)
     if cfg.gradient_checkpointing:
         # transformers 5.24 renamed it (the old name warns); 5.17 has only the old one.
         enable = getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable
         enable()
     return PolicyWithValueHead(lm).to(device), ref.to(device)
+
+
+def compile_layers(lm: PreTrainedModel, backend: str = "inductor") -> None:
+    """Compile, in place and with dynamic shapes (one graph serves every row count and length),
+    the ``forward`` of each part of each decoder layer of ``lm``: its attention, MLP and norms.
+    What it saves is host time: an eager forward of Qwen2.5-0.5B launches ~1000 kernels from
+    Python, which small minibatches cannot hide behind GPU work (model.compile in the config).
+
+    The parts and not the layers: module hooks run outside a module's ``forward``, and
+    transformers hooks the layers and their attention to capture outputs, reading a ContextVar
+    that dynamo cannot trace (a graph break inside each layer). The state dict keeps its keys."""
+    for module in compiled_parts(lm):
+        module.forward = torch.compile(module.forward, dynamic=True, backend=backend)
+
+
+def compiled_parts(lm: PreTrainedModel) -> list[torch.nn.Module]:
+    """The direct children of each repeated block of ``lm`` (its ``_no_split_modules`` classes, as
+    FSDP wraps them): a decoder layer's attention, MLP and norms."""
+    classes = set(getattr(lm, "_no_split_modules", None) or ())
+    return [child for module in lm.modules() if type(module).__name__ in classes for child in module.children()]
+
+
+@contextmanager
+def eager_layers(lm: PreTrainedModel) -> Iterator[None]:
+    """Inside the block, ``compile_layers``' parts run eagerly: decoding with a growing KV cache
+    (evaluation, or sampling from the policy itself) would recompile them at every new length."""
+    compiled = [(module, vars(module).pop("forward")) for module in compiled_parts(lm) if "forward" in vars(module)]
+    try:
+        yield
+    finally:
+        for module, forward in compiled:
+            module.forward = forward

@@ -51,13 +51,13 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
 from assignment.model import PolicyWithValueHead
 from assignment.trainer import checkpoint, grpo
-from assignment.trainer.config import Config, PPOConfig, RewardConfig, to_yaml
+from assignment.trainer.config import Config, ConfigError, PPOConfig, RewardConfig, to_yaml
 from assignment.trainer.distributed import (Distributed, NullLogger, NullProgress, sharded_eval_batches,
                                            whole_rollout)
 from assignment.trainer.data import Curriculum, Problem, load_problems, training_batch
 from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.impl import ImplError
-from assignment.trainer.loading import DTYPES, build_models, load_tokenizer
+from assignment.trainer.loading import DTYPES, build_models, compile_layers, load_tokenizer
 from assignment.trainer.ppo import (FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance, guard_advantages, kl_penalties, ppo_update,
                                    sequence_kl)
 from assignment.trainer.reward import Score, score
@@ -140,10 +140,20 @@ def reset_peak_memory(device: torch.device) -> None:
 
 def peak_memory(device: torch.device, prefix: str) -> dict[str, float]:
     """``{prefix}peak_memory_gib``: the most memory torch's allocator held on ``device`` since the
-    last ``reset_peak_memory`` (tensors, not the allocator's cache); empty off CUDA."""
+    last ``reset_peak_memory`` (tensors, not the allocator's cache), and ``{prefix}peak_reserved_gib``,
+    the most it reserved from the card (tensors and cache: what train.max_gpu_memory_gib caps);
+    empty off CUDA."""
     if device.type != "cuda":
         return {}
-    return {f"{prefix}peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+    return {f"{prefix}peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+            f"{prefix}peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+
+
+def step_peaks(rollout: dict[str, float], update: dict[str, float]) -> dict[str, float]:
+    """A PPO step's memory metrics from the peaks of its two phases (``peak_memory`` of each, with
+    prefixes ``memory/rollout_`` and ``memory/update_``): both, and the step's own peaks."""
+    return {**rollout, **update, **{f"memory/{kind}": max(rollout[f"memory/rollout_{kind}"], update[f"memory/update_{kind}"])
+                                    for kind in ("peak_memory_gib", "peak_reserved_gib") if rollout}}
 
 
 def optimizer_steps(cfg: Config) -> int:
@@ -212,6 +222,7 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     device = dist.device(cfg.train.device)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # float32 weights, TF32 matmuls
+    progress.record(**cap_gpu_memory(device, cfg.train.max_gpu_memory_gib))
     seed_everything(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model)
     policy, ref = build_models(cfg.model, tokenizer, cfg.train.seed, device)
@@ -220,17 +231,56 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     problems = load_problems(cfg.data, cfg.train.seed)
     # The copy's weights are refreshed before every rollout; taken here, before FSDP shards policy.lm.
     sampler = generation_copy(policy.lm, DTYPES[cfg.rollout.generation_dtype]) if cfg.rollout.generation_dtype else None
+    if cfg.model.compile and device.type == "cuda":  # after the copy: the sampler is transformers' to compile
+        compile_layers(policy.lm)
+        compile_layers(ref)
     model = dist.wrap(policy)  # before the optimizer: FSDP replaces the parameters by their shards
-    optimizer = torch.optim.AdamW(optimizer_groups(policy, cfg.ppo), lr=cfg.ppo.lr, weight_decay=cfg.ppo.weight_decay)
+    optimizer = build_optimizer(policy, cfg.ppo)
     scheduler = get_scheduler(cfg.ppo.lr_scheduler, optimizer, num_warmup_steps=cfg.ppo.warmup_steps,
                               num_training_steps=optimizer_steps(cfg))
     kl_ctl, curriculum = KLController(cfg.kl), Curriculum(cfg.data)
     if dist.rank:  # the same weights everywhere (seeded above), but each process samples its own responses
         seed_everything(cfg.train.seed + dist.rank)
-    start_step = restore(out, device, policy, optimizer, scheduler, kl_ctl, curriculum, dist) if resume else 0
+    start_step = restore(out, policy, optimizer, scheduler, kl_ctl, curriculum, dist) if resume else 0
     logger = RunLogger(out, cfg, start_step) if dist.is_main else NullLogger()
     return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,
                logger, start_step, progress, deadline, start_step if resume else None, sampler, dist, model)
+
+
+def cap_gpu_memory(device: torch.device, gib: float | None) -> dict[str, float]:
+    """Limit torch's allocator on ``device`` to ``gib`` GiB (train.max_gpu_memory_gib): past it an
+    allocation fails with an out-of-memory error, as on a card of that size. Returns what run.json
+    records: the card's memory and the cap. Raises ConfigError for a cap above the card."""
+    if device.type != "cuda":
+        return {}
+    total = torch.cuda.get_device_properties(device).total_memory / 2**30
+    if gib is None:
+        return {"gpu_memory_gib": total}
+    if gib > total:
+        raise ConfigError(f"train.max_gpu_memory_gib={gib:g} is more than this card has ({total:.1f} GiB)")
+    torch.cuda.set_per_process_memory_fraction(gib / total, device)
+    return {"gpu_memory_gib": total, "max_gpu_memory_gib": gib}
+
+
+def build_optimizer(policy: PolicyWithValueHead, ppo: PPOConfig) -> torch.optim.Optimizer:
+    """The optimizer exercise 5 steps (ppo.optimizer): torch's AdamW, or bitsandbytes' AdamW8bit,
+    whose 8-bit block-wise state takes 2 bytes a parameter instead of 8. As transformers' Trainer
+    does for it (adamw_bnb_8bit), embedding weights keep 32-bit state, which Dettmers et al. (2022,
+    "8-bit Optimizers via Block-wise Quantization") found needed for stable training of embeddings
+    (their stable embedding layer keeps 32-bit state too)."""
+    groups = optimizer_groups(policy, ppo)
+    if ppo.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=ppo.lr, weight_decay=ppo.weight_decay)
+    try:
+        import bitsandbytes
+    except ImportError:
+        raise ConfigError("ppo.optimizer=adamw_8bit needs bitsandbytes: pip install 'ppo-llm-course[lowmem]' "
+                          "(or pip install bitsandbytes), or set ppo.optimizer=adamw") from None
+    manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
+    for module in policy.modules():
+        if isinstance(module, torch.nn.Embedding):
+            manager.register_module_override(module, "weight", {"optim_bits": 32})
+    return bitsandbytes.optim.AdamW8bit(groups, lr=ppo.lr, weight_decay=ppo.weight_decay)
 
 
 def optimizer_groups(policy: PolicyWithValueHead, ppo: PPOConfig) -> list[dict[str, Any]]:
@@ -245,11 +295,11 @@ def optimizer_groups(policy: PolicyWithValueHead, ppo: PPOConfig) -> list[dict[s
             {"params": head, "lr": ppo.value_head_lr}]
 
 
-def restore(out: Path, device: torch.device, policy: PolicyWithValueHead, optimizer: torch.optim.Optimizer,
+def restore(out: Path, policy: PolicyWithValueHead, optimizer: torch.optim.Optimizer,
             scheduler: Any, kl_ctl: KLController, curriculum: Curriculum, dist: Distributed) -> int:
     """Load the checkpoint in ``out`` into these objects and set every RNG state from it, so that
     the run continues as if never stopped; return the checkpoint's step."""
-    state = checkpoint.load(out, device)
+    state = checkpoint.load(out)
     dist.restore_rng(state)  # this process's own RNG state; raises WorldSizeError for another job
     dist.load_state(policy, optimizer, state)  # into this process's shards under FSDP
     scheduler.load_state_dict(state["scheduler"])
@@ -309,7 +359,8 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
         returns = torch.zeros_like(advantages)
     # The guard: clip, or skip the update.
     advantages, guard_metrics, skip = guard_advantages(final_rewards, advantages, response_mask, cfg.ppo)
-    rollout_done = time.time()
+    rollout_done, rollout_memory = time.time(), peak_memory(run.device, "memory/rollout_")
+    reset_peak_memory(run.device)
     # 5. Epochs x shuffled minibatches of exercise 5 (none if the guard said skip), on this process's rows.
     width = mine.sample.response_mask.shape[1]
     batch = mine.update_batch(run.dist.own_rows(advantages, width), run.dist.own_rows(returns, width))
@@ -319,7 +370,7 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     warn_first_kl(run, step, update_metrics, rollout.logprobs[response_mask.bool()])
     metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **guard_metrics,
                **update_metrics, "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done,
-               **peak_memory(run.device, "memory/")}
+               **step_peaks(rollout_memory, peak_memory(run.device, "memory/update_"))}
     # After the batch: steer the KL coefficient; widen the synthetic operands once they are learned.
     if cfg.algorithm != "ppo":
         metrics.pop("rollout/value_mean")  # no critic: the value head is never trained

@@ -29,6 +29,7 @@ from assignment.helpers import logprobs_from_logits
 from assignment.model import PolicyWithValueHead, position_ids_from_mask
 from assignment.trainer.attention import use_grouped_decoding
 from assignment.trainer.batch import response_slice, trim_padding
+from assignment.trainer.loading import eager_layers
 
 
 def render_prompts(tokenizer: PreTrainedTokenizerBase, questions: Sequence[str], cfg: DataConfig) -> list[str]:
@@ -100,7 +101,8 @@ def generate(lm: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.T
     # A sharded LM all-gathers its weights in every decoding step: a process whose rows have all
     # ended must keep stepping (synced_gpus) until every process's have, or the others wait forever.
     synced = is_sharded(lm)
-    with nullcontext() if synced else deferred_stop_check(prompt_ids.device):
+    # Decoding with a growing cache would recompile model.compile's layers at every length.
+    with nullcontext() if synced else deferred_stop_check(prompt_ids.device), eager_layers(lm):
         out = lm.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg,
                           synced_gpus=synced)
     return out[:, prompt_ids.shape[1]:]
@@ -137,23 +139,29 @@ def deferred_stop_check(device: torch.device) -> Iterator[None]:
 
 def response_forward(forward: Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor | None]],
                      input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-                     temperature: float, chunk: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     temperature: float, chunk: int, logits_chunk: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Tempered log-probs of the response tokens (B, T) and values (B, T) (None if no value head);
     padded positions hold unspecified values.
 
     ``forward(input_ids, attention_mask, logits_to_keep)`` returns ``(logits (b, logits_to_keep, V)
     for the last columns, values (b, P+T) or None)``, as ``PolicyWithValueHead`` and
-    ``reference_forward`` do. It runs on chunks of ``chunk`` rows so that the logits fit in
+    ``ReferenceForward`` do. It runs on chunks of ``chunk`` rows so that the logits fit in
     memory. Rows go into chunks by response length and each chunk is cut to its own columns, as
     the update's minibatches are (``trim_padding``), and the LM head runs on the response's
     columns only (prompts are ~27% of the real tokens of 256 Qwen rollouts and need no logits).
     Positions come from the mask, so a row's log-probs do not depend on its chunk beyond float
     rounding.
+
+    With ``logits_chunk`` (rollout.logits_chunk_tokens), a ``forward`` that can (``head_apart``)
+    runs its transformer on the rows and its LM head on at most ``logits_chunk`` response tokens
+    at a time (``chunked_logprobs``): the logits of a chunk of rows never exist at once, so row
+    chunks can be large (fewer, larger forwards) on a small card.
     """
     P = prompt_length
     B, T = input_ids.shape[0], input_ids.shape[1] - P
     response_mask = attention_mask[:, P:]
     order = torch.argsort(response_mask.sum(dim=-1), stable=True)  # (B,) rows of similar length share a chunk
+    apart = head_apart(forward) if logits_chunk else None
     logprobs = values = None
     for start in range(0, B, chunk):
         rows = order[start:start + chunk]
@@ -161,13 +169,18 @@ def response_forward(forward: Callable[[torch.Tensor, torch.Tensor, int], tuple[
                              "response_mask": response_mask[rows], "prompt_length": P})
         ids, p = part["input_ids"], part["prompt_length"]
         t = ids.shape[1] - p
-        # The last t + 1 columns' logits are those of columns p-1 ... p+t-1: the response slice
-        # [p-1 : p+t-1] is all of them but the last.
-        logits, vals = forward(ids, part["attention_mask"], t + 1)
-        logits = logits[:, :-1]  # (b, t, V)
-        if temperature != 1.0:  # x / 1.0 is x exactly: no copy of the logits for nothing
-            logits = logits / temperature
-        chunk_logprobs = logprobs_from_logits(logits, ids[:, p:])  # (b, t)
+        if apart is not None:
+            body, head = apart
+            hidden, vals = body(ids, part["attention_mask"])  # (b, p+t, H), (b, p+t) or None
+            chunk_logprobs = chunked_logprobs(head, response_slice(hidden, p, t), ids[:, p:], temperature, logits_chunk)
+        else:
+            # The last t + 1 columns' logits are those of columns p-1 ... p+t-1: the response slice
+            # [p-1 : p+t-1] is all of them but the last.
+            logits, vals = forward(ids, part["attention_mask"], t + 1)
+            logits = logits[:, :-1]  # (b, t, V)
+            if temperature != 1.0:  # x / 1.0 is x exactly: no copy of the logits for nothing
+                logits = logits / temperature
+            chunk_logprobs = logprobs_from_logits(logits, ids[:, p:])  # (b, t)
         if logprobs is None:
             logprobs = chunk_logprobs.new_zeros(B, T)
             values = None if vals is None else torch.zeros(B, T, dtype=torch.float32, device=ids.device)
@@ -177,15 +190,63 @@ def response_forward(forward: Callable[[torch.Tensor, torch.Tensor, int], tuple[
     return logprobs, values
 
 
-def reference_forward(ref: PreTrainedModel) -> Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, None]]:
-    """The reference LM as a ``forward`` for ``response_forward``, positions as in the policy."""
+def chunked_logprobs(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, labels: torch.Tensor,
+                     temperature: float, chunk: int) -> torch.Tensor:
+    """``logprobs_from_logits(head(hidden) / temperature, labels)``, ``chunk`` tokens at a time.
 
-    def forward(ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int = 0) -> tuple[torch.Tensor, None]:
-        out = ref(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False,
-                  logits_to_keep=logits_to_keep)
+    Args:
+        head: the LM head, hidden states (n, H) -> logits (n, V).
+        hidden: (b, t, H) the hidden states that predict ``labels``.
+        labels: (b, t) token ids.
+    Returns:
+        (b, t) log-probs in float32 (or wider): each token's value is computed as the unchunked
+        path computes it, from the same hidden state by the same head, so the two differ by the
+        rounding of matrix products of other shapes only.
+    """
+    b, t, H = hidden.shape
+    flat, ids = hidden.reshape(b * t, H), labels.reshape(b * t, 1)
+    out = []
+    for start in range(0, b * t, chunk):
+        logits = head(flat[start:start + chunk])[:, None]  # (n, 1, V): one token per row
+        if temperature != 1.0:
+            logits = logits / temperature
+        out.append(logprobs_from_logits(logits, ids[start:start + chunk])[:, 0])
+    return torch.cat(out).reshape(b, t) if out else hidden.new_zeros(b, t, dtype=torch.float32)
+
+
+def head_apart(forward: Any) -> tuple[Callable, Callable] | None:
+    """``(body, head)`` for a ``forward`` whose LM head can run apart from its transformer:
+    ``body(input_ids, attention_mask)`` -> (last hidden states (b, L, H), values (b, L) or None)
+    and ``head(hidden)`` -> logits. None where it cannot: a sharded policy (FSDP gathers the head's
+    weights only inside the LM's own forward), or a model whose logits are more than its head's
+    product (Gemma's soft-capping, Cohere's logit scale)."""
+    lm = forward.lm if isinstance(forward, PolicyWithValueHead) else getattr(forward, "ref", None)
+    if lm is None or is_sharded(forward) or is_sharded(lm):
+        return None
+    config = lm.config.get_text_config()
+    if getattr(config, "final_logit_softcapping", None) is not None or getattr(config, "logit_scale", None) is not None:
+        return None
+    if isinstance(forward, PolicyWithValueHead):
+        return forward.hidden_states, forward.lm_head
+    return forward.hidden_states, lm.get_output_embeddings()
+
+
+class ReferenceForward:
+    """The reference LM as a ``forward`` for ``response_forward``, positions as in the policy;
+    ``hidden_states`` runs it without its head (``head_apart``)."""
+
+    def __init__(self, ref: PreTrainedModel):
+        self.ref = ref
+
+    def __call__(self, ids: torch.Tensor, mask: torch.Tensor, logits_to_keep: int = 0) -> tuple[torch.Tensor, None]:
+        out = self.ref(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask), use_cache=False,
+                       logits_to_keep=logits_to_keep)
         return out.logits, None
 
-    return forward
+    def hidden_states(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, None]:
+        out = self.ref.base_model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                                  use_cache=False)
+        return out.last_hidden_state, None
 
 
 @contextmanager
@@ -308,7 +369,7 @@ def collect(policy: PolicyWithValueHead, ref: PreTrainedModel, tokenizer: PreTra
     attention_mask = torch.cat([responses.prompt_mask, response_mask], dim=1)  # (B, P+T)
     with eval_mode(policy):
         logprobs, values = response_forward(policy, input_ids, attention_mask, P, cfg.temperature,
-                                            cfg.forward_batch_size)
-    ref_logprobs, _ = response_forward(reference_forward(ref), input_ids, attention_mask, P, cfg.temperature,
-                                       cfg.forward_batch_size)
+                                            cfg.forward_batch_size, cfg.logits_chunk_tokens)
+    ref_logprobs, _ = response_forward(ReferenceForward(ref), input_ids, attention_mask, P, cfg.temperature,
+                                       cfg.forward_batch_size, cfg.logits_chunk_tokens)
     return Rollout(responses, input_ids, attention_mask, logprobs, ref_logprobs, values)

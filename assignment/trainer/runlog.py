@@ -96,6 +96,11 @@ class Progress:
         self.entry["status"] = status
         self.write()
 
+    def record(self, **fields: Any) -> None:
+        """Add ``fields`` to this invocation's entry (the GPU memory cap, say)."""
+        self.entry.update(fields)
+        self.write()
+
     def write(self) -> None:
         self.entry["seconds"] = time.time() - self.started
         self.entry.update({f"{kind}_seconds": value for kind, value in self.times.items()})
