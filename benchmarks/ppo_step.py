@@ -13,6 +13,13 @@ evaluation, samples or checkpoint) and times, CUDA-synchronised, inside every st
       reference fwd    ``rollout.response_forward`` with the reference: the KL anchor
       rest             decoding to text, rewards, exercise 4, the guard
     update           the trainer's ``time/update`` (exercise 5 over the minibatches)
+      optimizer step   ``optimizer.step`` inside exercise 5
+
+and where the GPU memory goes: for each of those phases, what torch's allocator held when it
+began and the most it held during it (``torch.cuda.max_memory_allocated`` after a reset at the
+phase's start), and, after each step, what the long-lived tensors hold: the policy's weights,
+their gradients (freed between steps), the optimizer's state, the reference, the sampler copy and
+its static KV cache. The phase whose peak is the step's tells what a smaller card must cut.
 
 Throughput counts real tokens only: the rollout phase's real response tokens (up to and including
 EOS) per second, as the issue that asked for it measured it. For the update, every minibatch's
@@ -52,34 +59,68 @@ class Enough(Exception):
     """Raised after the last measured step, so that the run ends without its final checkpoint."""
 
 
-def instrument(record: dict) -> None:
+GIB = 2 ** 30
+
+
+def instrument(record: dict, runs: list) -> None:
     """Wrap the functions the trainer calls by module attribute so that ``record`` accumulates
-    their synchronised seconds (and, for the update, the minibatches' columns and real tokens)."""
+    their synchronised seconds (and, for the update, the minibatches' columns and real tokens) and
+    the memory of each phase (``{phase}_held_gib``, ``{phase}_peak_gib``), and ``runs`` receives
+    the trainer's ``Run`` (its models and optimizer, for ``resident``)."""
     rollout = importlib.import_module("assignment.trainer.rollout")
     ppo = importlib.import_module("assignment.trainer.ppo")
+    loop = importlib.import_module("assignment.trainer.loop")
     generate, response_forward, minibatches = rollout.generate, rollout.response_forward, ppo.minibatches
+    ppo_update, setup_run = ppo.ppo_update, loop.setup_run
+    cuda = torch.cuda.is_available()
 
     def sync() -> None:
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.synchronize()
 
     @contextmanager
-    def timed(key: str):
+    def timed(key: str, phase: str | None = None):
         sync()
+        if cuda and phase:
+            record[f"{phase}_held_gib"] = max(record.get(f"{phase}_held_gib", 0.0), torch.cuda.memory_allocated() / GIB)
+            torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
         yield
         sync()
         record[key] += time.perf_counter() - started
+        if cuda and phase:
+            record[f"{phase}_peak_gib"] = max(record.get(f"{phase}_peak_gib", 0.0), torch.cuda.max_memory_allocated() / GIB)
+
+    def timed_setup(*args, **kwargs):
+        run = setup_run(*args, **kwargs)
+        runs.append(run)
+        step = run.optimizer.step
+
+        def timed_step(*step_args, **step_kwargs):  # inside exercise 5: its own phase, not the update's
+            peak = torch.cuda.max_memory_allocated() / GIB if cuda else 0.0
+            with timed("optimizer_step_s", "optimizer_step"):
+                out = step(*step_args, **step_kwargs)
+            if cuda:  # the update's peak so far, which the reset above cleared
+                record["update_peak_gib"] = max(record.get("update_peak_gib", 0.0), peak)
+            return out
+
+        run.optimizer.step = timed_step
+        return run
+
+    def timed_update(*args, **kwargs):
+        with timed("update_timed_s", "update"):
+            return ppo_update(*args, **kwargs)
 
     def timed_generate(*args, **kwargs):
-        with timed("generate_s"):
+        with timed("generate_s", "generation"):
             return generate(*args, **kwargs)
 
     def timed_forward(forward, *args, **kwargs):
         is_policy = isinstance(forward, torch.nn.Module)  # the policy itself; the reference comes as a function
         if is_policy and "parameters" not in record:
             record["parameters"] = sum(p.numel() for p in forward.parameters())
-        with timed("policy_forward_s" if is_policy else "reference_forward_s"):
+        with timed("policy_forward_s" if is_policy else "reference_forward_s",
+                   "policy_forward" if is_policy else "reference_forward"):
             return response_forward(forward, *args, **kwargs)
 
     def counted_minibatches(*args, **kwargs):
@@ -89,6 +130,37 @@ def instrument(record: dict) -> None:
             yield minibatch
 
     rollout.generate, rollout.response_forward, ppo.minibatches = timed_generate, timed_forward, counted_minibatches
+    loop.ppo_update, loop.setup_run = timed_update, timed_setup
+
+
+def tensor_gib(tensors) -> float:
+    """GiB held by these tensors (each storage counted once: tied weights are one)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if torch.is_tensor(t) and t.device.type == "cuda" and t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            total += t.untyped_storage().nbytes()
+    return total / GIB
+
+
+def resident(run) -> dict:
+    """What the long-lived tensors of the trainer's ``Run`` hold, GiB, after a step."""
+    def state_tensors(state):
+        for value in state.values():
+            if torch.is_tensor(value):
+                yield value
+            elif isinstance(value, dict):
+                yield from state_tensors(value)
+
+    sampler = getattr(run, "sampler", None)
+    cache = getattr(sampler, "_cache", None)
+    cache_tensors = [t for layer in getattr(cache, "layers", []) for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
+    return {"weights_gib": tensor_gib(run.policy.parameters()),
+            "optimizer_state_gib": tensor_gib(t for state in run.optimizer.state.values() for t in state_tensors(state)),
+            "reference_gib": tensor_gib(run.ref.parameters()),
+            "sampler_gib": tensor_gib(sampler.parameters()) if sampler is not None else 0.0,
+            "kv_cache_gib": tensor_gib(cache_tensors),
+            "allocated_after_step_gib": torch.cuda.memory_allocated() / GIB if torch.cuda.is_available() else 0.0}
 
 
 def fresh_dir() -> str:
@@ -109,14 +181,18 @@ def measure(args: argparse.Namespace) -> dict:
                  "train.time_limit_s=null", f"train.output_dir={args.output_dir or fresh_dir()}", *args.overrides]
     cfg = config.load_config(args.config, overrides)
     record: dict = defaultdict(float)
-    instrument(record)
+    runs: list = []
+    instrument(record, runs)
     steps: list[dict] = []
 
     def on_step(step: int, metrics: dict) -> None:
         response_tokens = cfg.rollout.batch_size * metrics["rollout/response_length"]
+        # the step's peak from its phases' (the phases reset the allocator's peak themselves)
+        phase_peaks = [v for k, v in record.items() if k.endswith("_peak_gib")]
         row = {"step": step, "rollout_s": metrics["time/rollout"], "update_s": metrics["time/update"],
                "response_tokens": response_tokens, "approx_kl_first": metrics.get("stats/approx_kl_first"),
-               "peak_memory_gib": metrics.get("memory/peak_memory_gib"), **record}
+               "peak_memory_gib": max(phase_peaks) if phase_peaks else metrics.get("memory/peak_memory_gib"),
+               **(resident(runs[-1]) if runs else {}), **record}
         row["rest_s"] = row["rollout_s"] - sum(row.get(k, 0.0) for k in ("generate_s", "policy_forward_s", "reference_forward_s"))
         steps.append(row)
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
@@ -164,6 +240,16 @@ def summary(run: dict) -> dict:
     return out
 
 
+PHASES = {"generation": "generation", "policy_forward": "policy forward", "reference_forward": "reference forward",
+          "update": "update (exercise 5)", "optimizer_step": "optimizer step"}
+RESIDENT = ("weights_gib", "optimizer_state_gib", "reference_gib", "sampler_gib", "kv_cache_gib", "allocated_after_step_gib")
+
+
+def _most(run: dict, key: str) -> float:
+    """The largest value of ``key`` over the run's steps (0 where absent: a CPU run)."""
+    return max((row.get(key) or 0.0) for row in run["steps"])
+
+
 def report(runs: list[dict]) -> str:
     sums = [summary(run) for run in runs]
     base = sums[0]
@@ -186,6 +272,18 @@ def report(runs: list[dict]) -> str:
     for run, s in zip(runs, sums):
         lines.append(f"| {run['label']} | {s['update_s']:.2f} | {s['update_real_tokens']:.0f} | {s['update_columns']:.0f} | "
                      f"{s['padding']:.1%} | {s['mfu']:.1%} of {run['peak_tflops']:g} TFLOPS | {s['params'] / 1e6:.0f}M |")
+    lines += ["", "## Where the GPU memory goes (GiB, the most over the measured steps)", "",
+              "What torch's allocator held when each phase began, and the most it held during it:", "",
+              "| run | " + " | ".join(f"{name} (held / peak)" for name in PHASES.values()) + " | step peak |",
+              "|---|" + "---|" * (len(PHASES) + 1)]
+    for run, s in zip(runs, sums):
+        cells = [f"{_most(run, f'{p}_held_gib'):.1f} / {_most(run, f'{p}_peak_gib'):.1f}" for p in PHASES]
+        lines.append(f"| {run['label']} | " + " | ".join(cells) + f" | {_most(run, 'peak_memory_gib'):.1f} |")
+    lines += ["", "Held between phases by the long-lived tensors (after a step; gradients are freed by then):", "",
+              "| run | policy weights | optimizer state | reference | sampler copy | its static KV cache | all allocated |",
+              "|---|---|---|---|---|---|---|"]
+    for run, s in zip(runs, sums):
+        lines.append(f"| {run['label']} | " + " | ".join(f"{_most(run, key):.2f}" for key in RESIDENT) + " |")
     lines += ["", "## The first minibatch's ratio and the first step", "",
               "| run | max abs stats/approx_kl_first, all steps | step 1: rollout phase (compiles) | step 1: update | peak GPU memory |",
               "|---|---|---|---|---|"]

@@ -140,3 +140,23 @@ def test_the_grpo_configs_keep_the_ppo_budget_and_run_on_cpu(staged, capsys, alg
     assert "status: finished (2 PPO steps)" in capsys.readouterr().out
     metrics = read_jsonl(staged / "runs" / f"gsm8k_qwen_coder_{algorithm}" / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2] and all(m["stats/minibatches"] > 0 and "loss/kl" in m for m in metrics)
+
+
+@pytest.mark.parametrize("profile", ["24gb", "16gb"])
+def test_the_small_card_profiles_run_on_cpu_and_report_their_cap(staged, capsys, profile):
+    """configs/gsm8k_qwen_coder_{24gb,16gb}.yaml as the device plan runs them (tiny sizes; 2
+    accumulation steps where the profiles' 16 and 32 would not divide 4 minibatches): the 8-bit
+    optimizer, the bfloat16 reference and the chunked scoring logits on the staged GGUF layout; the
+    cap is recorded in run.json (a no-op on CPU: nothing to cap) and the report names it."""
+    config = ROOT / "configs" / f"gsm8k_qwen_coder_{profile}.yaml"
+    tiny = [t for t in TINY if not t.startswith("train.time_limit_s")] + ["train.time_limit_s=null",
+                                                                          "ppo.grad_accum_steps=2"]
+    assert cli.main(["--config", str(config), "--impl", str(ROOT / "solutions" / "exercises.py"), *tiny]) == 0
+    printed = capsys.readouterr().out
+    # the first ratio is 1 within first_kl_tolerance (the trainer warns past it)
+    assert "status: finished (2 PPO steps)" in printed and "WARNING: stats/approx_kl_first" not in printed
+    run = staged / "runs" / f"gsm8k_qwen_coder_{profile}"
+    out = staged / "reports" / f"gsm8k_qwen_coder_{profile}.md"
+    assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
+    summary = json.loads((out.with_suffix("") / "summary.json").read_text())
+    assert summary["memory_cap_gib"] == [None]  # CPU: run.json records no cap where none applies

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -46,8 +47,9 @@ def _mean(rows: list[dict], key: str) -> float:
     return sum(values) / len(values) if values else float("nan")
 
 
-def _max(rows: list[dict], key: str) -> float | None:
-    values = [r[key] for r in rows if key in r]
+def _max(rows: list[dict], *keys: str) -> float | None:
+    """The largest value of any of ``keys`` over ``rows`` (None where no row has one)."""
+    values = [r[key] for r in rows for key in keys if key in r]
     return max(values) if values else None
 
 
@@ -137,6 +139,10 @@ def summarize(run_dir: Path, staging_seconds: float | None = None, pair: tuple |
         # None where the run logged no GPU memory (CPU runs, runs from before it was logged)
         "peak_memory_gib_step": _max(metrics, "memory/peak_memory_gib"),
         "peak_memory_gib_eval": _max(read_jsonl(run_dir / EVALS), "eval/peak_memory_gib"),
+        "peak_reserved_gib": _max(metrics + read_jsonl(run_dir / EVALS), "memory/peak_reserved_gib", "eval/peak_reserved_gib"),
+        # train.max_gpu_memory_gib of every invocation (None: no cap), as run.json records it
+        "memory_cap_gib": [r.get("max_gpu_memory_gib") for r in runs],
+        "seconds_per_step_median": statistics.median(m["time/rollout"] + m["time/update"] for m in metrics),
         "gpu_seconds": seconds["wall"] + (staging_seconds or 0.0),
     }
 
@@ -178,9 +184,20 @@ def _headline(summary: dict, run_dir: Path) -> list[str]:
             f"coefficient {_num(budget['coeff_start'], 4)} -> {_num(budget['coeff_end'], 4)} |",
             f"| updates stopped early (target_kl) / skipped (no reward spread) | {s['early_stops']} / {s['skipped_updates']} of {s['steps']} |",
             f"| peak GPU memory (torch allocator), training step / evaluation | {_num(s['peak_memory_gib_step'])} GiB / "
-            f"{_num(s['peak_memory_gib_eval'])} GiB |",
+            f"{_num(s['peak_memory_gib_eval'])} GiB{_cap(s)} |",
+            f"| seconds per PPO step (median of rollout + update) | {s['seconds_per_step_median']:.1f} |",
             f"| wall time | staging {staging}; training {t['training']:.0f} s; evaluation {t['evaluation']:.0f} s; "
             f"other (loading, checkpoints) {t['other']:.0f} s; run total {t['wall']:.0f} s{missing} |", ""]
+
+
+def _cap(s: dict) -> str:
+    """The memory cap of the run's invocations (train.max_gpu_memory_gib) and the most the
+    allocator reserved under it; nothing for a run without a cap."""
+    caps = set(s.get("memory_cap_gib") or [None])
+    if caps == {None}:
+        return ""
+    cap = "none in some invocations" if None in caps else " / ".join(f"{c:g} GiB" for c in sorted(caps))
+    return f"; reserved at most {_num(s.get('peak_reserved_gib'))} GiB under a cap of {cap} (train.max_gpu_memory_gib)"
 
 
 def _problems(s: dict) -> str:
