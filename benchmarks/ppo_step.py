@@ -17,9 +17,10 @@ evaluation, samples or checkpoint) and times, CUDA-synchronised, inside every st
 
 and where the GPU memory goes: for each of those phases, what torch's allocator held when it
 began and the most it held during it (``torch.cuda.max_memory_allocated`` after a reset at the
-phase's start), and, after each step, what the long-lived tensors hold: the policy's weights,
-their gradients (freed between steps), the optimizer's state, the reference, the sampler copy and
-its static KV cache. The phase whose peak is the step's tells what a smaller card must cut.
+phase's start), and, after each step, what the long-lived tensors hold: the policy's weights
+(their gradients are freed between steps), the optimizer's state, the reference and the sampler
+copy (the static KV cache is generation's own: it is not held between steps). The phase whose
+peak is the step's tells what a smaller card must cut.
 
 Throughput counts real tokens only: the rollout phase's real response tokens (up to and including
 EOS) per second, as the issue that asked for it measured it. For the update, every minibatch's
@@ -153,13 +154,10 @@ def resident(run) -> dict:
                 yield from state_tensors(value)
 
     sampler = getattr(run, "sampler", None)
-    cache = getattr(sampler, "_cache", None)
-    cache_tensors = [t for layer in getattr(cache, "layers", []) for t in (getattr(layer, "keys", None), getattr(layer, "values", None))]
     return {"weights_gib": tensor_gib(run.policy.parameters()),
             "optimizer_state_gib": tensor_gib(t for state in run.optimizer.state.values() for t in state_tensors(state)),
             "reference_gib": tensor_gib(run.ref.parameters()),
             "sampler_gib": tensor_gib(sampler.parameters()) if sampler is not None else 0.0,
-            "kv_cache_gib": tensor_gib(cache_tensors),
             "allocated_after_step_gib": torch.cuda.memory_allocated() / GIB if torch.cuda.is_available() else 0.0}
 
 
@@ -242,7 +240,7 @@ def summary(run: dict) -> dict:
 
 PHASES = {"generation": "generation", "policy_forward": "policy forward", "reference_forward": "reference forward",
           "update": "update (exercise 5)", "optimizer_step": "optimizer step"}
-RESIDENT = ("weights_gib", "optimizer_state_gib", "reference_gib", "sampler_gib", "kv_cache_gib", "allocated_after_step_gib")
+RESIDENT = ("weights_gib", "optimizer_state_gib", "reference_gib", "sampler_gib", "allocated_after_step_gib")
 
 
 def _most(run: dict, key: str) -> float:
@@ -280,8 +278,8 @@ def report(runs: list[dict]) -> str:
         cells = [f"{_most(run, f'{p}_held_gib'):.1f} / {_most(run, f'{p}_peak_gib'):.1f}" for p in PHASES]
         lines.append(f"| {run['label']} | " + " | ".join(cells) + f" | {_most(run, 'peak_memory_gib'):.1f} |")
     lines += ["", "Held between phases by the long-lived tensors (after a step; gradients are freed by then):", "",
-              "| run | policy weights | optimizer state | reference | sampler copy | its static KV cache | all allocated |",
-              "|---|---|---|---|---|---|---|"]
+              "| run | policy weights | optimizer state | reference | sampler copy | all allocated |",
+              "|---|---|---|---|---|---|"]
     for run, s in zip(runs, sums):
         lines.append(f"| {run['label']} | " + " | ".join(f"{_most(run, key):.2f}" for key in RESIDENT) + " |")
     lines += ["", "## The first minibatch's ratio and the first step", "",

@@ -425,9 +425,11 @@ def test_the_memory_cap_is_a_fraction_of_the_card(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: type("P", (), {"total_memory": 80 * 2**30}))
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, device: calls.append(fraction))
+    monkeypatch.setattr(torch.cuda.memory, "_set_allocator_settings", lambda settings: calls.append(settings))
     cuda = torch.device("cuda:0")
-    assert loop.cap_gpu_memory(cuda, 20.0) == {"gpu_memory_gib": 80.0, "max_gpu_memory_gib": 20.0} and calls == [0.25]
-    assert loop.cap_gpu_memory(cuda, None) == {"gpu_memory_gib": 80.0} and calls == [0.25]
+    assert loop.cap_gpu_memory(cuda, 20.0) == {"gpu_memory_gib": 80.0, "max_gpu_memory_gib": 20.0}
+    assert calls == ["expandable_segments:True", 0.25]
+    assert loop.cap_gpu_memory(cuda, None) == {"gpu_memory_gib": 80.0} and len(calls) == 2
     with pytest.raises(ConfigError, match="more than this card has"):
         loop.cap_gpu_memory(cuda, 96.0)
     assert loop.cap_gpu_memory(torch.device("cpu"), 20.0) == {}
