@@ -77,8 +77,8 @@ def test_every_declared_dependency_is_imported_by_code_that_ships():
 # Class grading (autograder/classroom/): one module per role, each importing only those before it;
 # the CLI imports the package and the package never imports the CLI (nor does the grader's core
 # import the package).
-CLASSROOM = ["discovery", "grading", "pool", "state", "status", "gradebook", "roster", "summary", "similarity",
-             "feedback", "run"]
+CLASSROOM = ["discovery", "exports", "grading", "pool", "state", "status", "gradebook", "roster", "upload", "summary",
+             "similarity", "feedback", "run"]
 
 
 def autograder_imports(path: Path) -> set[str]:

@@ -555,6 +555,11 @@ def write_class(out: Path, results: dict[str, dict]) -> None:
         report.write_json_atomic(data, grading.results_path(out, sid))
 
 
+def gradings(folder: Path, *ids: str) -> list[discovery.Student]:
+    """Plain-layout gradings (one student each) of the results files ``write_class`` wrote."""
+    return [discovery.Student(sid, None, folder, file=f"{sid}.py") for sid in ids]
+
+
 def test_statuses_and_reasons_from_the_graders_own_words():
     """Each status comes from the phrase grade.py or sandbox.py writes (built from them where they
     are functions); the class tests see the same phrases come out of real gradings."""
@@ -604,7 +609,8 @@ def test_mistakes_by_kind_count_each_student_once_and_leave_out_what_was_not_att
             n, "not implemented: blank", grade_module._hidden_feedback(n, "not implemented")).items()}),
         "eve": results_with({}),
     })
-    book = gradebook.build_gradebook(tmp_path, ["ann", "ben", "cid", "dee", "eve"], run.fallback_columns(None, False))
+    book = gradebook.build_gradebook(tmp_path, gradings(tmp_path, "ann", "ben", "cid", "dee", "eve"),
+                                     run.fallback_columns(None, False))
     found = {(m.exercise, m.kind): m.students for m in summary_module.mistakes(book)}
     assert found == {
         (1, SIGN_HINT): ("ann", "ben"),
@@ -627,7 +633,7 @@ def test_feedback_shows_the_visible_checks_and_the_hidden_ones_only_once_publish
     assert hidden(1)[0] not in before and "failed on the hidden inputs" not in before
     assert hidden(1)[0] in after and "failed on the hidden inputs" in after and "**Total: " in after
     assert feedback.fence("a ```` b").startswith("`````text")  # student text cannot close the fence
-    feedback.write(tmp_path, ["ann", "nobody"])
+    feedback.write(tmp_path, [("ann", "ann", "ann"), ("nobody", "nobody", "nobody")])
     assert (tmp_path / "feedback" / "ann.md").read_text() == before
     assert not (tmp_path / "feedback" / "nobody.md").exists()
 
@@ -696,12 +702,12 @@ def test_gradebook_csv_opens_in_spreadsheets_and_takes_names_from_a_roster(tmp_p
     raw = (out / "gradebook.csv").read_bytes()
     assert raw.startswith(b"\xef\xbb\xbf") and "José Müller".encode() in raw  # UTF-8 with a BOM
     rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
-    assert list(next(iter(rows.values())))[:5] == ["student", "name", "email", "total", "max"]
+    assert list(next(iter(rows.values())))[:6] == ["student", "name", "email", "file", "total", "max"]
     assert rows["s001"]["name"] == "José Müller" and rows["s002"]["email"] == "zoe@example.edu"
     assert "'=cmd" in rows and rows["'=cmd"]["name"] == "Mallory"
     assert rows["s003"]["reason"] == "no submission" and rows["s003"]["total"] == ""
     assert "s003 is in the roster but has no submission" in capsys.readouterr().err
-    assert "| s003 | no submission (in the roster) |" in (out / "summary.md").read_text()
+    assert "| s003 (Absent Student) | no submission (in the roster) |" in (out / "summary.md").read_text()
 
     roster_csv.write_text("id,name\ns001,José\n", encoding="utf-8")  # s002 and =cmd are missing
     assert cli.main([str(subs), "--out", str(out), "--roster", str(roster_csv)]) == 1
