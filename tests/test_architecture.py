@@ -48,8 +48,9 @@ def test_the_worker_imports_nothing_of_the_grader():
         assert not imported_modules(path) & {"autograder", "solutions", "course"}, path
 
 
-# A distribution's import name where code reaches it through another package.
-IMPORT_NAMES = {"tensorboard": "torch.utils.tensorboard"}
+# A distribution's import name where it differs from the distribution's, or where code reaches it
+# through another package.
+IMPORT_NAMES = {"tensorboard": "torch.utils.tensorboard", "pyyaml": "yaml"}
 # pytest plugins serve through an option in pytest's addopts (pyproject.toml), not an import.
 PLUGIN_OPTIONS = {"pytest-xdist": "-n "}
 

@@ -897,9 +897,9 @@ def test_a_gradescope_export_is_keyed_by_its_submitters(tmp_path, monkeypatch, c
 
     # feedback per student (a group's members one each), similarity and summary by name
     assert sorted(p.name for p in (out / "feedback").iterdir()) == sorted(f"{k}.md" for k in expected)
-    assert (out / "feedback" / "12347.md").read_text().startswith("# Feedback for Zoë Ødegård (12347)\n")
+    assert (out / "feedback" / "12347.md").read_text().startswith("# Feedback for 12347 (Zoë Ødegård)\n")
     similar = (out / "similarity.md").read_text()
-    assert "| José Müller (12345) | 100% | yes |" in similar
+    assert "| 12345 (José Müller) | 100% | yes |" in similar
     assert {r["student_a"] for r in read_csv(out / "similarity.csv")} == {"12345"}
     summary = (out / "summary.md").read_text()
     reasons = summary.split("## Students without a normal grading")[1].split("\n## ")[0]
@@ -1018,6 +1018,9 @@ def test_a_canvas_download_is_keyed_by_user_id_and_gives_canvas_its_import_file(
                      ["O'Brien, Siobhán", "4102", "900102", "sobrien", "Section B", max_],
                      ["Wu, Carol", "4106", "900106", "cwu", "Section A and Section B", "0"]]
     assert not (out / "canvas-import.csv").read_bytes().startswith(b"\xef\xbb\xbf")
+    # named by the export's names, not the file name's sanitised ones
+    assert (out / "feedback" / "4101.md").read_text().startswith("# Feedback for 4101 (Müller, José)\n")
+    assert "| 4101 (Müller, José) | 100% | yes |" in (out / "similarity.md").read_text()
     summary = (out / "summary.md").read_text()
     assert "not in canvas-import.csv: 4200, solution_by_hand" in summary
     assert "not in grades.csv or canvas-import.csv (no grade: no submission or a grader failure): 4103, 4199" in summary

@@ -90,7 +90,7 @@ def discover_class(root: Path, skip: tuple[Path, ...] = (), layout: str = "auto"
     notices = []
     inner = _wrapped_export(root, skip)
     if inner is not None and layout in ("auto", GRADESCOPE):
-        notices.append(Notice(inner.name + "/", f"the Gradescope export inside {root} is graded"))
+        notices += [Notice(inner.name + "/", f"the Gradescope export inside {root} is graded"), *_hidden(root, skip)]
         root = inner
     if layout == "auto":
         layout = detect(root, skip)

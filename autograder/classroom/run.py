@@ -41,7 +41,7 @@ from ..config import GradingConfig, hidden_seed
 from ..exercises import CHECKS
 from ..sandbox import check_unreadable, detect_strategy
 from . import exports, feedback, roster as rosters, similarity, summary, upload
-from .discovery import Discovery, Notice, Person
+from .discovery import Discovery, Notice
 from .gradebook import Gradebook, Row, build_gradebook, to_csv
 from .grading import FAILED, FAILURES, GRADED, REFUSED, RESULTS, Outcome, Setup, unlink  # noqa: F401 (the CLI reads GRADED, REFUSED)
 from .pool import run_pool, slots
@@ -254,20 +254,16 @@ def _write_outputs(options: Options, found: Discovery, roster: rosters.Roster | 
                                                       source, upload_lines), summary_path)
     similar = similarity.report(found.students, _module_file("assignment.exercises"),
                                 _module_file("solutions.exercises"))
-    named = {s.id: " + ".join(_title(p) for p in s.persons) for s in found.students}
+    titles = {r.student: summary.label(r) for r in book.rows}  # the key, and the name the platform or roster gives
+    named = {s.id: " + ".join(titles[p.key] for p in s.persons) for s in found.students}
     report.write_text_atomic(similarity.to_markdown(similarity.relabeled(similar, named)), out / SIMILARITY_MD)
     keyed = {s.id: "+".join(p.key for p in s.persons) for s in found.students}
     report.write_text_atomic(similarity.to_csv(similarity.relabeled(similar, keyed)), out / SIMILARITY_CSV)
-    feedback_path = feedback.write(out, [(p.key, s.id, _title(p)) for s in found.students for p in s.persons],
+    feedback_path = feedback.write(out, [(p.key, s.id, titles[p.key]) for s in found.students for p in s.persons],
                                    options.published)
     return BatchResult(book, run["graded"], run["kept"], run["failed"], found.notices, run["jobs"], run["strategy"],
                        run["notes"], csv_path, summary_path, similarity.relabeled(similar, named), out / SIMILARITY_MD,
                        feedback_path, png_path if drawn else None, absent, found.layout, uploads, upload_notes)
-
-
-def _title(person: Person) -> str:
-    name = person.fields.get("name", "")
-    return f"{name} ({person.key})" if name and name != person.key else person.key
 
 
 def _write_uploads(options: Options, book: Gradebook,

@@ -58,13 +58,13 @@ def canvas_csv(book: Gradebook, canvas: CanvasGradebook, assignment: str, bonus_
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([*canvas.info, *columns])
-    rows = graded(book)
-    for r in sorted(rows, key=lambda r: canvas.students[r.student][0] if r.student in canvas.students else ""):
-        if r.student in canvas.students:
-            writer.writerow([*canvas.students[r.student], number_text(score(r, bonus)),
-                             *([number_text(r.bonus or 0.0)] if bonus == COLUMN else [])])
+    rows = {r.student: r for r in graded(book)}
+    for uid, info in canvas.students.items():  # in the export's order
+        if uid in rows:
+            r = rows[uid]
+            writer.writerow([*info, number_text(score(r, bonus)), *([number_text(r.bonus or 0.0)] if bonus == COLUMN else [])])
     notes = []
-    unknown = [r.student for r in rows if r.student not in canvas.students]
+    unknown = [key for key in rows if key not in canvas.students]
     if unknown:
         notes.append(f"{len(unknown)} graded students are not in the Canvas gradebook {canvas.path} and not in "
                      f"{CANVAS_CSV}: {', '.join(unknown)}")
