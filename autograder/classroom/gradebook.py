@@ -12,7 +12,8 @@ this package writes; ``bonus`` is what the optional Part II adds beyond it, out 
 The CSV is UTF-8 with a byte-order mark: Excel reads a CSV without one in the system's legacy
 code page and garbles "José Müller". LibreOffice ignores the mark (its headless conversion read
 the file as Latin-1, version 7.4): its Text Import dialog needs the character set "Unicode
-(UTF-8)", a conversion the filter option ``--infilter=CSV:44,34,76`` (README, tests/test_classroom.py).
+(UTF-8)", a conversion the filter option ``--infilter=CSV:44,34,76`` (README; tests/test_classroom.py
+converts a gradebook so).
 Python: ``open(path, encoding="utf-8-sig")``. Text cells that a spreadsheet would run as a formula
 (starting with = + - @) get a leading apostrophe, since file names and exception messages in them
 come from students.
@@ -44,7 +45,6 @@ class Row:
     max_score: float | None = None
     bonus: float | None = None                   # Part II's points beyond the total (None: none graded)
     bonus_max: float | None = None
-    unit: str = ""                               # the grading (results/<unit>.json); "" when none
     file: str = ""                               # what was graded, relative to the submissions folder
     exercises: dict[int, float] = field(default_factory=dict)
     exercise_max: dict[int, float] = field(default_factory=dict)
@@ -147,7 +147,7 @@ def row_for(out: Path, sid: str, checks: list[tuple[int, str]], numbers: list[in
         failure = read_failure(out, sid)
         state = student_status(None, "", failure, numbers)
         status = f"grader failed: {failure}" if failure is not None else NOT_GRADED
-        return Row(sid, status, statuses=state.exercises, reason=state.reason, unit=sid, file=file)
+        return Row(sid, status, statuses=state.exercises, reason=state.reason, file=file)
     tests = {(t["extra_data"]["exercise"], t["extra_data"]["check"]): t for t in data["tests"]}
     present = [k for k in checks if k in tests]
     status = status_of(data)
@@ -157,7 +157,7 @@ def row_for(out: Path, sid: str, checks: list[tuple[int, str]], numbers: list[in
     part_two = [k for k in present if is_bonus(k[0])]
     row = Row(sid, status, sum(tests[k]["score"] for k in part_one), sum(tests[k]["max_score"] for k in part_one),
               sum(tests[k]["score"] for k in part_two) if part_two else None,
-              sum(tests[k]["max_score"] for k in part_two) if part_two else None, sid, file,
+              sum(tests[k]["max_score"] for k in part_two) if part_two else None, file,
               checks={k: tests[k]["score"] for k in present},
               failed_checks=[k for k in present if tests[k]["status"] == "failed"],
               statuses=state.exercises, reason=state.reason,
