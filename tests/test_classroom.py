@@ -493,6 +493,11 @@ def test_layouts(tmp_path):
     (["{subs}", "--out", "{out}", "--results", "r.json"], "a class takes --out"),
     (["{file}", "--jobs", "2"], "grade a class"),
     (["{subs}", "--out", "{out}", "--jobs", "0"], "at least 1"),
+    (["{file}", "--layout", "canvas"], "grade a class"),
+    (["{subs}", "--out", "{out}", "--roster", "r.csv", "--canvas-gradebook", "g.csv"], "give it or --roster, not both"),
+    (["{subs}", "--out", "{out}", "--canvas-assignment", "PPO"], "name columns of --canvas-gradebook: give it"),
+    (["{subs}", "--out", "{out}", "--canvas-gradebook", "g.csv", "--canvas-assignment", "PPO",
+      "--canvas-bonus-assignment", "Bonus", "--bonus", "add"], "give one of them"),
 ])
 def test_usage_errors(tmp_path, capsys, args, message):
     (tmp_path / "subs").mkdir()
@@ -761,7 +766,7 @@ def test_gradebook_csv_opens_in_spreadsheets_and_takes_names_from_a_roster(tmp_p
 
 import re  # noqa: E402
 
-from autograder.classroom import exports  # noqa: E402
+from autograder.classroom import exports, upload  # noqa: E402
 
 LOSS_POINTS = next(c.max_score for c in nothing_to_grade(CFG, "").checks if (c.exercise, c.check) == (1, "loss"))
 SYNTAX_MESSAGE = "'(' was never closed (submission.py, line 3)"  # Python names the staged copy so
@@ -1121,3 +1126,18 @@ def test_libreoffice_reads_the_gradebook_with_the_readme_s_filter_option(tmp_pat
     assert proc.returncode == 0, proc.stderr
     text = (converted / "gradebook.csv").read_text(encoding="utf-8")
     assert text.startswith("student,name,email,file,total,max,") and "s001,José Müller,jose@example.edu," in text
+
+
+def test_canvas_import_warns_when_canvas_gives_the_assignment_other_points(tmp_path):
+    """A semicolon export with decimal commas (Canvas's CSV in some locales) is read too."""
+    export = tmp_path / "grades.csv"
+    export.write_text("Student;ID;SIS Login ID;Section;PPO exercises (5001);Current Points\n"
+                      "    Points Possible;;;;10,00;(read only)\n"
+                      "Müller, José;4101;jmuller;Section A;9,50;9,50\n", encoding="utf-8")
+    found = roster.load_canvas(export)
+    assert found.students == {"4101": {"name": "Müller, José", "sis login id": "jmuller", "section": "Section A"}}
+    book = gradebook.Gradebook([1], [(1, "loss")], [gradebook.Row("4101", "graded", 90.0, 100.0)])
+    text, notes = upload.canvas_csv(book, found.canvas, found.canvas.assignment("5001", "--canvas-assignment"), None)
+    assert text == "Student,ID,SIS Login ID,Section,PPO exercises (5001)\n\"Müller, José\",4101,jmuller,Section A,90\n"
+    assert notes == ["Canvas's PPO exercises (5001) is worth 10,00 points and these grades are out of 100: change its "
+                     "points in Canvas or scale the column before importing"]
