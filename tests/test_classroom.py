@@ -1099,6 +1099,8 @@ def test_a_moodle_download_in_folders_is_keyed_by_participant(tmp_path, monkeypa
 
 
 def test_the_layout_is_recognised_and_can_be_named():
+    layout = next(a for a in cli.build_parser()._actions if a.dest == "layout")
+    assert tuple(layout.choices) == exports.LAYOUTS  # the CLI names them without importing the classroom
     assert exports.detect(ROOT / "tests" / "submissions") == exports.PLAIN
     assert exports.CANVAS_NAME.fullmatch(canvas_file_name("Müller, José", 4101, 90001, "exercises.py"))
     m = exports.CANVAS_NAME.fullmatch(canvas_file_name("Lab_12_, Kim", 7, 8, "ex_1_2.py", late=True))

@@ -73,6 +73,7 @@ CANVAS_SCHEME = "name[_LATE]_userid_attachmentid_filename"
 MOODLE_FOLDER = re.compile(r"(?P<name>.+?)_(?P<user>\d+)_assignsubmission_(?P<plugin>[a-z]+)")
 MOODLE_FILE = re.compile(r"(?P<name>.+?)_(?P<user>\d+)_assignsubmission_(?P<plugin>[a-z]+)_(?P<file>.+)")
 RESUBMITTED = re.compile(r"-\d+$")  # exercises-1.py: the same name uploaded again
+GRADED_STEM = Path(GRADED_NAME).stem
 
 COLUMNS = {PLAIN: (), GRADESCOPE: ("name", "sid", "email", "submitted"), CANVAS: ("name", "user id", "late"),
            MOODLE: ("name", "participant id")}
@@ -282,17 +283,13 @@ def _canvas_upload(entry: Path) -> _Upload | None:
 
 def _canvas(root: Path, skip: tuple[Path, ...]) -> Discovery:
     by_user: dict[str, list[_Upload]] = {}
-    students, notices = [], []
+    strays, students, notices = [], [], []
     for entry in _entries(root, skip):
         upload = _canvas_upload(entry) if not entry.is_dir() else None
         if upload is not None:
             by_user.setdefault(upload.user, []).append(upload)
         elif is_submission_name(entry.name) and not entry.is_dir():
-            sid = safe_key(entry.name[:-len(".py")])
-            note = f"file name not in Canvas's scheme ({CANVAS_SCHEME}): graded, but no Canvas user is known"
-            student, _ = student_of(sid, [entry], root)
-            students.append(dataclasses.replace(student, people=(Person(sid, note=note),)))
-            notices.append(Notice(entry.name, note, sid))
+            strays.append(entry)
         else:
             notices.append(Notice(entry.name + ("/" if entry.is_dir() else ""),
                                   f"not a submission of a Canvas download ({CANVAS_SCHEME})"))
@@ -300,9 +297,16 @@ def _canvas(root: Path, skip: tuple[Path, ...]) -> Discovery:
         student, extra = _chosen(user, uploads, root)
         latest = max(uploads, key=lambda u: u.order)
         person = Person(user, {"name": latest.name, "user id": user, "late": "late" if _late(student, uploads) else ""},
-                        _ambiguity(uploads, student))
+                        _ambiguity(uploads))
         students.append(dataclasses.replace(student, people=(person,)))
         notices += extra
+    for entry in strays:  # graded under the file's name (never a user id's: results/<id>.json is theirs)
+        sid = safe_key(entry.name[:-len(".py")])
+        sid = f"{sid}-file" if sid in by_user else sid
+        note = f"file name not in Canvas's scheme ({CANVAS_SCHEME}): graded, but no Canvas user is known"
+        student, _ = student_of(sid, [entry], root)
+        students.append(dataclasses.replace(student, people=(Person(sid, note=note),)))
+        notices.append(Notice(entry.name, note, sid))
     notices += _hidden(root, skip)
     return Discovery(sorted(students, key=lambda s: s.id), notices)
 
@@ -321,7 +325,7 @@ def _preferred(uploads: list[_Upload]) -> list[_Upload]:
     """The .py uploads in the order they would be graded: named like the assignment's file first,
     the latest upload first among equals."""
     py = [u for u in uploads if is_submission_name(u.file)]
-    return sorted(py, key=lambda u: (_stem(u.file) != GRADED_NAME[:-len(".py")], -u.order))
+    return sorted(py, key=lambda u: (_stem(u.file) != GRADED_STEM, -u.order))
 
 
 def _chosen(user: str, uploads: list[_Upload], root: Path) -> tuple[Student, list[Notice]]:
@@ -337,10 +341,10 @@ def _chosen(user: str, uploads: list[_Upload], root: Path) -> tuple[Student, lis
     return dataclasses.replace(student, watch=tuple(u.path for u in uploads)), notices
 
 
-def _ambiguity(uploads: list[_Upload], student: Student) -> str:
+def _ambiguity(uploads: list[_Upload]) -> str:
     """The note for a student with several .py files: "" when one is plainly the one to grade."""
     ranked = _preferred(uploads)
-    if len(ranked) < 2 or _stem(ranked[0].file) == GRADED_NAME[:-len(".py")] != _stem(ranked[1].file):
+    if len(ranked) < 2 or _stem(ranked[0].file) == GRADED_STEM != _stem(ranked[1].file):
         return ""
     return (f"{len(ranked)} .py files ({', '.join(u.path.name for u in ranked)}): graded {ranked[0].path.name}, "
             "the latest upload; check it is the one (a download into a fresh folder has one per student)")
@@ -377,7 +381,7 @@ def _moodle_student(user: str, paths: list[Path], root: Path) -> tuple[Student, 
     files = [] if any(p.is_dir() for p in paths) else \
         [_Upload(p, user, "", False, 0, MOODLE_FILE.fullmatch(p.name)["file"]) for p in paths]
     ranked = _preferred(files)
-    named = [u for u in ranked if _stem(u.file) == GRADED_NAME[:-len(".py")]]
+    named = [u for u in ranked if _stem(u.file) == GRADED_STEM]
     pick = named[0] if len(named) == 1 else ranked[0] if len(ranked) == 1 else None
     if pick is None:
         listed = ", ".join(p.name for p in paths)
