@@ -58,6 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a CSV with columns id, name, email: adds name and email to the gradebook")
     batch.add_argument("--published", action="store_true",
                        help="feedback/<student>.md shows the hidden checks too (the view after grades are published)")
+    batch.add_argument("--layout", choices=("auto", "plain", "gradescope", "canvas", "moodle"), default="auto",
+                       help="who wrote the folder: recognised by default (Gradescope's Export Submissions, Canvas's or "
+                            "Moodle's Download Submissions, or NAME.py / NAME/ per student)")
+    batch.add_argument("--canvas-gradebook", type=Path, default=None, metavar="CSV",
+                       help="Canvas's gradebook export (Grades, Export): names the students of a Canvas download and "
+                            "makes canvas-import.csv")
+    batch.add_argument("--canvas-assignment", default=None, metavar="TITLE",
+                       help="the assignment of the Canvas gradebook that gets the grades (its title or id)")
+    batch.add_argument("--canvas-bonus-assignment", default=None, metavar="TITLE",
+                       help="the Canvas assignment that gets Part II's bonus (implies --bonus column)")
+    batch.add_argument("--bonus", choices=("add", "column"), default=None,
+                       help="Part II's bonus in the uploaded grades: added to the score (default) or a column of its own")
     return p
 
 
@@ -125,9 +137,11 @@ def _is_class(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bool
     folder = args.submission.is_dir() and not args.submission.is_symlink()
     single = args.results is not None or args.submission_folder is not None
     if args.out is None and (single or not folder):
-        if args.jobs is not None or args.restart or args.only or args.roster or args.published:
-            parser.error("--jobs, --restart, --only, --roster and --published grade a class: "
-                         "give a folder of submissions and --out")
+        if args.jobs is not None or args.restart or args.only or args.roster or args.published or \
+                args.layout != "auto" or args.canvas_gradebook or args.canvas_assignment or \
+                args.canvas_bonus_assignment or args.bonus:
+            parser.error("--jobs, --restart, --only, --roster, --published, --layout, --canvas-* and --bonus grade a "
+                         "class: give a folder of submissions and --out")
         return False
     if single:
         parser.error("--results and --submission-folder grade one file; a class takes --out")
@@ -139,6 +153,14 @@ def _is_class(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bool
         parser.error("--jobs must be at least 1")
     if args.only and args.restart:
         parser.error("--only grades the students named, --restart everyone: give one of them")
+    if args.roster and args.canvas_gradebook:
+        parser.error("--canvas-gradebook is the roster of a Canvas class: give it or --roster, not both")
+    if (args.canvas_assignment or args.canvas_bonus_assignment) and not args.canvas_gradebook:
+        parser.error("--canvas-assignment and --canvas-bonus-assignment name columns of --canvas-gradebook: give it")
+    if args.canvas_bonus_assignment and args.bonus == "add":
+        parser.error("--canvas-bonus-assignment puts the bonus in a column of its own, --bonus add into the score: "
+                     "give one of them")
+    args.bonus = args.bonus or ("column" if args.canvas_bonus_assignment else "add")
     return True
 
 
@@ -157,7 +179,9 @@ def _main_class(args: argparse.Namespace) -> int:
     options = batch.Options(args.submission, args.out, args.config, args.jobs,
                             tuple(args.exercise) if args.exercise else None, args.with_training, args.restart,
                             tuple(args.only or ()), args.roster, args.published,
-                            as_alone=(__spec__.name if __spec__ else __name__,))
+                            as_alone=(__spec__.name if __spec__ else __name__,), layout=args.layout,
+                            canvas_gradebook=args.canvas_gradebook, canvas_assignment=args.canvas_assignment,
+                            canvas_bonus_assignment=args.canvas_bonus_assignment, bonus=args.bonus)
     progress = _Progress()
     try:
         result = batch.grade_class(options, cfg, progress)
@@ -223,8 +247,10 @@ def _class_report(result, batch, quiet: bool) -> str:
              + (f", {result.jobs} at a time in sandbox {result.strategy}" if result.jobs else "")
              + f"; {len(result.kept)} kept from an earlier run)"]
     if scored:
-        out_of = max(r.max_score for r in rows if r.max_score is not None)
-        lines.append(f"total: mean {sum(scored) / len(scored):.2f}, median {statistics.median(scored):g} (out of {out_of:g})")
+        book = result.gradebook
+        bonus = f"; Part II's bonus adds up to {book.bonus_out_of:g}" if book.bonus_out_of is not None else ""
+        lines.append(f"total: mean {sum(scored) / len(scored):.2f}, median {statistics.median(scored):g} "
+                     f"(out of {book.out_of:g}{bonus})")
     unusual = [r for r in rows if r.reason]
     if unusual:
         lines.append(f"without a normal grading: {len(unusual)} ({', '.join(r.student for r in unusual[:8])}"
@@ -234,10 +260,12 @@ def _class_report(result, batch, quiet: bool) -> str:
         lines.append(f"similarity: not compared: {similar.missing}")
     else:
         lines.append(f"similarity: {len(similar.key)} students match the answer key, {len(similar.pairs)} pairs alike")
+    lines += [f"warning: {note}" for note in result.upload_notes]
     if not quiet:
         lines += [f"gradebook:  {result.csv_path}", f"summary:    {result.summary_path}",
                   f"similarity: {result.similarity_path}", f"feedback:   {result.feedback_path}/<student>.md",
-                  f"results:    {result.csv_path.parent / batch.RESULTS}/<student>.json"]
+                  f"results:    {result.csv_path.parent / batch.RESULTS}/<grading>.json",
+                  *(f"upload:     {path}" for path in result.uploads)]
     if counts[batch.FAILED]:
         lines.append(f"the grader failed on {counts[batch.FAILED]} students (see the summary): rerun to retry them")
     return "\n".join(lines)

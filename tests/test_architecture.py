@@ -48,8 +48,9 @@ def test_the_worker_imports_nothing_of_the_grader():
         assert not imported_modules(path) & {"autograder", "solutions", "course"}, path
 
 
-# A distribution's import name where code reaches it through another package.
-IMPORT_NAMES = {"tensorboard": "torch.utils.tensorboard"}
+# A distribution's import name where it differs from the distribution's, or where code reaches it
+# through another package.
+IMPORT_NAMES = {"tensorboard": "torch.utils.tensorboard", "pyyaml": "yaml"}
 # pytest plugins serve through an option in pytest's addopts (pyproject.toml), not an import.
 PLUGIN_OPTIONS = {"pytest-xdist": "-n "}
 
@@ -77,8 +78,8 @@ def test_every_declared_dependency_is_imported_by_code_that_ships():
 # Class grading (autograder/classroom/): one module per role, each importing only those before it;
 # the CLI imports the package and the package never imports the CLI (nor does the grader's core
 # import the package).
-CLASSROOM = ["discovery", "grading", "pool", "state", "status", "gradebook", "roster", "summary", "similarity",
-             "feedback", "run"]
+CLASSROOM = ["discovery", "exports", "grading", "pool", "state", "status", "gradebook", "roster", "upload", "summary",
+             "similarity", "feedback", "run"]
 
 
 def autograder_imports(path: Path) -> set[str]:

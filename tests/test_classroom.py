@@ -22,6 +22,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import corpus
+from assignment.contract import exercise as contract_exercise, is_bonus
 from autograder import cli, config, report, submission
 from autograder.classroom import discovery, grading, gradebook, pool, run, state
 from autograder.exercises import CHECK_IDS, CHECKS
@@ -65,16 +66,25 @@ def run_cli(*args, timeout=15 * 60):
                           text=True, timeout=timeout, env=env)
 
 
+# Part II (optional) left as the starter has it: each function raises NotImplementedError.
+PART_TWO_LEFT_BLANK = "".join(
+    f"\n\ndef {contract_exercise(n).name}(*args, **kwargs):\n"
+    f"    raise NotImplementedError(\"Exercise {n} ({contract_exercise(n).name}) is not implemented yet\")\n"
+    for n in CHECKS if is_bonus(n))
+
+
 def make_class(folder: Path) -> dict[str, tuple[Path, Path]]:
-    """A class of 28: corpus files, two identical copies, a copy of the key, a syntax and an import
-    error, a student folder, and five uploads that must be refused.
+    """A class of 29: corpus files, two identical copies, a copy of the key, a syntax and an import
+    error, a student who left the optional Part II blank, a student folder, and five uploads that
+    must be refused.
     Returns, for each student with a file, (the file, the folder it must lie in)."""
     folder.mkdir()
     files = {name: corpus.render(corpus.by_name(name)) for name in MUTANTS + ALTERNATIVES}
     files |= {"solution": SOLUTION.read_text(), "blank": BLANK.read_text(), "keycopy": SOLUTION.read_text(),
               "twin_a": corpus.render(corpus.by_name(TWIN)), "twin_b": corpus.render(corpus.by_name(TWIN)),
               "syntax": SOLUTION.read_text().replace("def compute_value_loss(", "def compute_value_loss((", 1),
-              "importer": SOLUTION.read_text() + "\nimport a_module_nobody_installed\n"}
+              "importer": SOLUTION.read_text() + "\nimport a_module_nobody_installed\n",
+              "part_one_only": SOLUTION.read_text() + PART_TWO_LEFT_BLANK}
     paths = {}
     for sid, text in files.items():
         (folder / f"{sid}.py").write_text(text)
@@ -214,12 +224,12 @@ def test_statuses_summary_and_exit_status(graded_class):
         assert rows[sid]["total"] == "0"
     assert all(r["status"] == "graded" for sid, r in rows.items() if sid not in REFUSED)
     summary = (run.out / "summary.md").read_text()
-    assert "- Students: 28 (graded 23, refused 5, grader failed 0)" in summary
-    assert "## Mistakes by kind (of the 23 graded submissions)" in summary
+    assert "- Students: 29 (graded 24, refused 5, grader failed 0)" in summary
+    assert "## Mistakes by kind (of the 24 graded submissions)" in summary
     assert "notes.txt" in summary and "grader failure:" not in summary
     assert "warning: notes.txt: not a student" in run.proc.stderr
     assert "grading (2 at a time)" in run.proc.stderr  # the progress bar
-    assert "28 students: 23 graded, 5 refused, 0 grader failed" in run.proc.stdout
+    assert "29 students: 24 graded, 5 refused, 0 grader failed" in run.proc.stdout
 
 
 @pytest.mark.slow
@@ -233,6 +243,12 @@ def test_the_gradebook_names_the_right_students(graded_class):
     assert set(reasons) == set(UNUSUAL) | set(REFUSED), reasons
     for sid, start in UNUSUAL.items():
         assert reasons[sid].startswith(start), (sid, reasons[sid])
+    # the file the TA knows, not the grader's staged copy (submission.py)
+    assert "(syntax.py, line " in reasons["syntax"] and "submission.py" not in reasons["syntax"], reasons["syntax"]
+    # Part II left blank is a normal grading: no reason, full Part I, no bonus
+    skipper = rows["part_one_only"]
+    assert (skipper["reason"], skipper["total"], skipper["bonus"]) == ("", "100", "0"), skipper
+    assert all(skipper[f"ex{n} status"] == "not attempted" for n in CHECKS if is_bonus(n))
     assert all(rows["blank"][f"ex{n} status"] == "not attempted" for n in CHECKS)
     assert all(rows["syntax"][f"ex{n} status"] == "syntax error" for n in CHECKS)
     assert all(rows[sid][f"ex{n} status"] == "refused" for sid in REFUSED for n in CHECKS)
@@ -284,7 +300,7 @@ def test_a_rerun_grades_nobody_and_a_touched_submission_alone_is_regraded(graded
     args = (run.submissions, "--out", run.out, "--jobs", 2, "--config", run.config)
     started = time.monotonic()
     again = run_cli(*args)
-    assert again.returncode == 0 and "(0 this run; 28 kept from an earlier run)" in again.stdout, again.stdout
+    assert again.returncode == 0 and "(0 this run; 29 kept from an earlier run)" in again.stdout, again.stdout
     assert time.monotonic() - started < 30  # no grading process, no sandbox
     assert {p.name: p.stat().st_mtime_ns for p in results} == before
     assert (run.out / "gradebook.csv").read_text() == gradebook
@@ -477,6 +493,11 @@ def test_layouts(tmp_path):
     (["{subs}", "--out", "{out}", "--results", "r.json"], "a class takes --out"),
     (["{file}", "--jobs", "2"], "grade a class"),
     (["{subs}", "--out", "{out}", "--jobs", "0"], "at least 1"),
+    (["{file}", "--layout", "canvas"], "grade a class"),
+    (["{subs}", "--out", "{out}", "--roster", "r.csv", "--canvas-gradebook", "g.csv"], "give it or --roster, not both"),
+    (["{subs}", "--out", "{out}", "--canvas-assignment", "PPO"], "name columns of --canvas-gradebook: give it"),
+    (["{subs}", "--out", "{out}", "--canvas-gradebook", "g.csv", "--canvas-assignment", "PPO",
+      "--canvas-bonus-assignment", "Bonus", "--bonus", "add"], "give one of them"),
 ])
 def test_usage_errors(tmp_path, capsys, args, message):
     (tmp_path / "subs").mkdir()
@@ -522,6 +543,8 @@ from autograder.classroom import feedback, roster, similarity, status  # noqa: E
 from autograder.classroom import summary as summary_module  # noqa: E402
 
 CFG = config.load(CONFIG, CHECK_IDS)
+PART_ONE_MAX = sum(c.max_score for c in nothing_to_grade(CFG, "").checks if not c.bonus)  # 100 as shipped
+BONUS_MAX = sum(c.max_score for c in nothing_to_grade(CFG, "").checks if c.bonus)         # what Part II adds
 
 
 def results_with(failures: dict[tuple[int, str], str]) -> dict:
@@ -547,12 +570,18 @@ def whole_exercise(n: int, feedback_text: str, hidden_text: str | None = None) -
 
 
 COUNTEREXAMPLE = "Counterexample (shrunk):\n    x = 1\nloss: expected 1, got -1"
+PART_TWO = sorted(n for n in CHECKS if is_bonus(n))
 SIGN_HINT = "your loss has the opposite sign"
 
 
 def write_class(out: Path, results: dict[str, dict]) -> None:
     for sid, data in results.items():
         report.write_json_atomic(data, grading.results_path(out, sid))
+
+
+def gradings(folder: Path, *ids: str) -> list[discovery.Student]:
+    """Plain-layout gradings (one student each) of the results files ``write_class`` wrote."""
+    return [discovery.Student(sid, None, folder, file=f"{sid}.py") for sid in ids]
 
 
 def test_statuses_and_reasons_from_the_graders_own_words():
@@ -576,6 +605,18 @@ def test_statuses_and_reasons_from_the_graders_own_words():
         "partial": ({**whole_exercise(5, "not implemented: Exercise 5 is not implemented yet",
                                       grade_module._hidden_feedback(5, "not implemented")),
                      (1, "loss"): COUNTEREXAMPLE}, {5: status.NOT_ATTEMPTED}, "ex5 not attempted"),
+        # Part II is optional: left blank, a normal grading; attempted, it counts like any exercise
+        "part_one_only": ({k: v for n in PART_TWO for k, v in whole_exercise(
+            n, f"not implemented: Exercise {n} is not implemented yet", grade_module._hidden_feedback(n, "not implemented")).items()},
+            {n: status.NOT_ATTEMPTED for n in PART_TWO}, ""),
+        "slow_bonus": ({**{k: v for n in PART_TWO[1:] for k, v in whole_exercise(
+            n, "not implemented: later", grade_module._hidden_feedback(n, "not implemented")).items()},
+            **whole_exercise(PART_TWO[0], "the call took longer than its time limit; the remaining checks of this "
+                                          "exercise were not run")},
+            {PART_TWO[0]: status.TIMEOUT, **{n: status.NOT_ATTEMPTED for n in PART_TWO[1:]}}, f"ex{PART_TWO[0]} timeout"),
+        "blank": ({k: v for n in CHECKS for k, v in whole_exercise(
+            n, "not implemented: blank", grade_module._hidden_feedback(n, "not implemented")).items()},
+            {n: status.NOT_ATTEMPTED for n in CHECKS}, "not attempted (every exercise)"),
         "wrong": ({(1, "loss"): COUNTEREXAMPLE, (1, hidden(1)[0]): grade_module._hidden_feedback(1, "crash")}, {}, ""),
     }
     for sid, (failures, expected, reason) in cases.items():
@@ -604,7 +645,8 @@ def test_mistakes_by_kind_count_each_student_once_and_leave_out_what_was_not_att
             n, "not implemented: blank", grade_module._hidden_feedback(n, "not implemented")).items()}),
         "eve": results_with({}),
     })
-    book = gradebook.build_gradebook(tmp_path, ["ann", "ben", "cid", "dee", "eve"], run.fallback_columns(None, False))
+    book = gradebook.build_gradebook(tmp_path, gradings(tmp_path, "ann", "ben", "cid", "dee", "eve"),
+                                     run.fallback_columns(None, False))
     found = {(m.exercise, m.kind): m.students for m in summary_module.mistakes(book)}
     assert found == {
         (1, SIGN_HINT): ("ann", "ben"),
@@ -625,9 +667,13 @@ def test_feedback_shows_the_visible_checks_and_the_hidden_ones_only_once_publish
     after = feedback.render("ann", data, published=True)
     assert "Counterexample" in before and SIGN_HINT in before and "Visible checks:" in before
     assert hidden(1)[0] not in before and "failed on the hidden inputs" not in before
-    assert hidden(1)[0] in after and "failed on the hidden inputs" in after and "**Total: " in after
+    assert hidden(1)[0] in after and "failed on the hidden inputs" in after
+    # the gradebook's denominator: Part I's total of its maximum, the bonus beyond it
+    lost = sum(t["max_score"] - t["score"] for t in data["tests"])
+    assert f"**Total: {PART_ONE_MAX - lost:g} / {PART_ONE_MAX:g}**\n" in after
+    assert f"**Bonus (Part II, optional): {BONUS_MAX:g} / {BONUS_MAX:g}**, beyond the total" in after
     assert feedback.fence("a ```` b").startswith("`````text")  # student text cannot close the fence
-    feedback.write(tmp_path, ["ann", "nobody"])
+    feedback.write(tmp_path, [("ann", "ann", "ann"), ("nobody", "nobody", "nobody")])
     assert (tmp_path / "feedback" / "ann.md").read_text() == before
     assert not (tmp_path / "feedback" / "nobody.md").exists()
 
@@ -673,6 +719,7 @@ def test_only_regrades_exactly_the_named_students_and_rebuilds_the_gradebook(tmp
     assert [r["student"] for r in read_csv(out / "gradebook.csv")] == ["ann", "ben", "cid", "dee"]
     captured = capsys.readouterr()
     assert "--only left 1 students whose results are missing or older than their files (dee)" in captured.err
+    assert "1 students unchanged since the last run are kept" in captured.err  # ann; dee is not unchanged
     assert "(2 this run" in captured.out and "2 kept" in captured.out
     graded.clear()
     assert cli.main(args + ["--only", "zed"]) == 1 and not graded
@@ -696,12 +743,12 @@ def test_gradebook_csv_opens_in_spreadsheets_and_takes_names_from_a_roster(tmp_p
     raw = (out / "gradebook.csv").read_bytes()
     assert raw.startswith(b"\xef\xbb\xbf") and "José Müller".encode() in raw  # UTF-8 with a BOM
     rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
-    assert list(next(iter(rows.values())))[:5] == ["student", "name", "email", "total", "max"]
+    assert list(next(iter(rows.values())))[:6] == ["student", "name", "email", "file", "total", "max"]
     assert rows["s001"]["name"] == "José Müller" and rows["s002"]["email"] == "zoe@example.edu"
     assert "'=cmd" in rows and rows["'=cmd"]["name"] == "Mallory"
     assert rows["s003"]["reason"] == "no submission" and rows["s003"]["total"] == ""
     assert "s003 is in the roster but has no submission" in capsys.readouterr().err
-    assert "| s003 | no submission (in the roster) |" in (out / "summary.md").read_text()
+    assert "| s003 (Absent Student) | no submission (in the roster) |" in (out / "summary.md").read_text()
 
     roster_csv.write_text("id,name\ns001,José\n", encoding="utf-8")  # s002 and =cmd are missing
     assert cli.main([str(subs), "--out", str(out), "--roster", str(roster_csv)]) == 1
@@ -713,3 +760,386 @@ def test_gradebook_csv_opens_in_spreadsheets_and_takes_names_from_a_roster(tmp_p
         roster_csv.write_text(text)
         with pytest.raises(roster.RosterError, match=message):
             roster.load(roster_csv)
+
+
+# ---- a class as its platform hands it over: Gradescope, Canvas, Moodle ----------------------------------
+
+import re  # noqa: E402
+
+from autograder.classroom import exports, upload  # noqa: E402
+
+LOSS_POINTS = next(c.max_score for c in nothing_to_grade(CFG, "").checks if (c.exercise, c.check) == (1, "loss"))
+SYNTAX_MESSAGE = "'(' was never closed (submission.py, line 3)"  # Python names the staged copy so
+
+
+def scripted_grade(source, cfg, config_path, with_training=False, exercises=None, sandbox=None):
+    """A stand-in for grade.grade, in the grader's own words, chosen by the file's first line:
+    ``# full``, ``# part one`` (Part II left blank), ``# sign`` (exercise 1's sign mistake),
+    ``# syntax`` (the file cannot be imported)."""
+    kind = source.split("\n", 1)[0].removeprefix("# ").strip()
+    blank = {k: v for n in CHECKS if is_bonus(n) for k, v in whole_exercise(
+        n, f"not implemented: Exercise {n} is not implemented yet", grade_module._hidden_feedback(n, "not implemented")).items()}
+    syntax = status.IMPORT_FAILED + grade_module.calls.StudentError({"type": "SyntaxError", "message": SYNTAX_MESSAGE}).describe()
+    failures = {"full": {}, "part one": blank, "sign": {(1, "loss"): f"{COUNTEREXAMPLE}\nHint: {SIGN_HINT}."},
+                "syntax": {k: syntax for n in CHECKS for k in whole_exercise(n, "")}}[kind]
+    checks = [dataclasses.replace(c, score=0.0 if (c.exercise, c.check) in failures else c.max_score,
+                                  feedback=failures.get((c.exercise, c.check), ""), passed=None)
+              for c in nothing_to_grade(cfg, "").checks]
+    return GradingResult(checks, {"sandbox": "fake"}, 0.0)
+
+
+def code(kind: str, body: str = "") -> str:
+    """A submission graded as ``kind``; ``body`` makes files differ (or alike) for the similarity report."""
+    return f"# {kind}\n{body or kind}\n"
+
+
+GRADESCOPE_METADATA = """\
+---
+submission_301000001:
+  :submitters:
+  - :name: José Müller
+    :sid: '12345'
+    :email: jose@example.edu
+  :created_at: 2025-03-01 23:58:10.123456000 -08:00
+  :score: !ruby/object:BigDecimal 18:0.1e3
+  :history: []
+submission_301000002:
+  :submitters:
+  - :name: Siobhán O'Brien
+    :sid: '12346'
+    :email: siobhan@example.edu
+  - :name: Zoë Ødegård
+    :sid: '12347'
+    :email: zoe@example.edu
+  :created_at: 2025-03-02 10:00:00.000000000 -08:00
+  :score: !ruby/object:BigDecimal 18:0.9e2
+  :history:
+  - :created_at: 2025-03-01 09:00:00.000000000 -08:00
+    :score: !ruby/object:BigDecimal 18:0.5e2
+submission_301000003:
+  :submitters:
+  - :name: Ann Lee
+    :sid:
+    :email: ann@example.edu
+  :created_at: 2025-03-01 12:00:00.000000000 -08:00
+submission_301000004:
+  :submitters:
+  - :name: Bob Stone
+    :sid: '12349'
+    :email: bob@example.edu
+  :created_at: 2025-03-01 12:30:00.000000000 -08:00
+submission_301000005:
+  :submitters:
+  - :name: Cleo Park
+    :sid: '12350'
+    :email: cleo@example.edu
+  :created_at: 2025-03-01 13:00:00.000000000 -08:00
+"""
+
+
+def gradescope_export(folder: Path) -> Path:
+    """An "Export Submissions" as Gradescope builds it: the zip's folder, submission_metadata.yml
+    beside submission_<id>/ with the files as uploaded; a group submission; a submitter without
+    SID; a listed submission whose folder is missing; a folder the metadata does not list."""
+    root = folder / "assignment_5551_export"
+    root.mkdir(parents=True)
+    (root / "submission_metadata.yml").write_text(GRADESCOPE_METADATA, encoding="utf-8")
+    files = {"submission_301000001/exercises.py": code("full", SOLUTION.read_text()),
+             "submission_301000002/exercises.py": code("part one"),
+             "submission_301000003/my_ppo.py": code("sign"), "submission_301000004/exercises.py": code("syntax"),
+             "submission_301000006/exercises.py": code("full", "unlisted"), "__MACOSX/._x": ""}
+    for name, text in files.items():
+        (root / name).parent.mkdir(exist_ok=True)
+        (root / name).write_text(text, encoding="utf-8")
+    return folder
+
+
+def test_a_gradescope_export_is_keyed_by_its_submitters(tmp_path, monkeypatch, capsys):
+    subs, out = gradescope_export(tmp_path / "export"), tmp_path / "out"
+    monkeypatch.setattr(run, "run_pool", in_process(scripted_grade))
+    assert cli.main([str(subs), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "read " in err and "as a Gradescope export (submission_metadata.yml): 7 students in 6 gradings" in err
+    rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
+    assert list(next(iter(rows.values())))[:11] == ["student", "name", "sid", "email", "submitted", "file", "total",
+                                                    "max", "bonus", "bonus max", "reason"]
+    assert sorted(rows) == ["12345", "12346", "12347", "12349", "12350", "ann@example.edu", "submission_301000006"]
+    max_, bonus_max = f"{PART_ONE_MAX:g}", f"{BONUS_MAX:g}"
+    expected = {  # student: name, sid, email, submitted, file, total, bonus, reason
+        "12345": ("José Müller", "12345", "jose@example.edu", "2025-03-01 23:58:10-08:00",
+                  "submission_301000001/exercises.py", max_, bonus_max, ""),
+        "12346": ("Siobhán O'Brien", "12346", "siobhan@example.edu", "2025-03-02 10:00:00-08:00",
+                  "submission_301000002/exercises.py", max_, "0", ""),
+        "12347": ("Zoë Ødegård", "12347", "zoe@example.edu", "2025-03-02 10:00:00-08:00",
+                  "submission_301000002/exercises.py", max_, "0", ""),
+        "ann@example.edu": ("Ann Lee", "", "ann@example.edu", "2025-03-01 12:00:00-08:00",
+                            "submission_301000003/my_ppo.py", f"{PART_ONE_MAX - LOSS_POINTS:g}", bonus_max, ""),
+        "12349": ("Bob Stone", "12349", "bob@example.edu", "2025-03-01 12:30:00-08:00",
+                  "submission_301000004/exercises.py", "0", "0",
+                  "syntax error: raised SyntaxError: '(' was never closed (submission_301000004/exercises.py, line 3)"),
+        "12350": ("Cleo Park", "12350", "cleo@example.edu", "2025-03-01 13:00:00-08:00", "submission_301000005/", "0",
+                  "0", "refused: submission_301000005/ is listed in submission_metadata.yml but is not in the export"),
+        "submission_301000006": ("", "", "", "", "submission_301000006/exercises.py", max_, bonus_max,
+                                 "not in submission_metadata.yml: graded under its folder's name, no student known"),
+    }
+    for key, (name, sid, email, submitted, file, total, bonus, reason) in expected.items():
+        row = rows[key]
+        assert (row["name"], row["sid"], row["email"], row["submitted"], row["file"], row["total"], row["max"],
+                row["bonus"], row["bonus max"], row["reason"]) == \
+            (name, sid, email, submitted, file, total, max_, bonus, bonus_max, reason), key
+    assert all(rows[k][f"ex{n}"] == rows["12346"][f"ex{n}"] for k in ("12347",) for n in CHECKS)  # one grading
+    assert sorted(p.name for p in (out / "results").iterdir()) == [f"submission_30100000{i}.json" for i in (1, 2, 3, 4, 5, 6)]
+
+    # grades.csv: email,sid,name,score with the bonus added; who has no grade is left out (none here)
+    graded = list(csv.reader(io.StringIO((out / "grades.csv").read_text(encoding="utf-8"))))
+    assert graded[0] == ["email", "sid", "name", "score"]
+    assert {tuple(r) for r in graded[1:]} == {
+        ("jose@example.edu", "12345", "José Müller", f"{PART_ONE_MAX + BONUS_MAX:g}"),
+        ("siobhan@example.edu", "12346", "Siobhán O'Brien", max_), ("zoe@example.edu", "12347", "Zoë Ødegård", max_),
+        ("ann@example.edu", "", "Ann Lee", f"{PART_ONE_MAX - LOSS_POINTS + BONUS_MAX:g}"),
+        ("bob@example.edu", "12349", "Bob Stone", "0"), ("cleo@example.edu", "12350", "Cleo Park", "0"),
+        ("", "", "", f"{PART_ONE_MAX + BONUS_MAX:g}")}
+
+    # feedback per student (a group's members one each), similarity and summary by name
+    assert sorted(p.name for p in (out / "feedback").iterdir()) == sorted(f"{k}.md" for k in expected)
+    assert (out / "feedback" / "12347.md").read_text().startswith("# Feedback for 12347 (Zoë Ødegård)\n")
+    similar = (out / "similarity.md").read_text()
+    assert "| 12345 (José Müller) | 100% | yes |" in similar
+    assert {r["student_a"] for r in read_csv(out / "similarity.csv")} == {"12345"}
+    summary = (out / "summary.md").read_text()
+    reasons = summary.split("## Students without a normal grading")[1].split("\n## ")[0]
+    assert [line.split(" | ")[0][2:] for line in reasons.splitlines() if line.startswith("| ") and "---" not in line
+            and not line.startswith("| student")] == ["12349 (Bob Stone)", "12350 (Cleo Park)", "submission_301000006"]
+    assert f"adds a bonus of up to {BONUS_MAX:g} points beyond the {PART_ONE_MAX:g}: attempted by 3" in summary
+    assert "`__MACOSX/`" in summary and "the Gradescope export inside" in summary
+
+
+def test_gradescope_metadata_that_cannot_be_read_stops_the_class_with_the_reason(tmp_path, capsys):
+    subs = gradescope_export(tmp_path / "export") / "assignment_5551_export"
+    (subs / "submission_metadata.yml").write_text("submission_1:\n  :submitters: [\n", encoding="utf-8")
+    assert cli.main([str(subs), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "submission_metadata.yml is not YAML as Gradescope writes it" in err and "Traceback" not in err
+    (subs / "submission_metadata.yml").write_text("- a list\n", encoding="utf-8")
+    assert cli.main([str(subs), "--out", str(tmp_path / "out")]) == 1
+    assert "does not map submission folders to their records" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "results").exists() or not list((tmp_path / "out" / "results").iterdir())
+
+
+def canvas_file_name(sortable_name: str, user_id: int, attachment_id: int, display_name: str, late: bool = False) -> str:
+    """A file name of Canvas's "Download Submissions", built as Canvas builds it (lib/content_zipper.rb:
+    sanitize_user_name, get_filename, sanitize_file_name, add_upload_submission)."""
+    name = re.sub(r"_(\d+)_", r"\1", sortable_name)
+    name = re.sub(r"^(\d+)$", r"\1", name).lower()
+    stem = re.sub(r"[^\w]", "", "_".join([name, *(["LATE"] if late else []), str(user_id)]))
+    display = re.sub(r'[\x00/\\:*?"<>|]+', "_", display_name)
+    return f"{stem}_{attachment_id}_{display}"
+
+
+# Canvas's gradebook export as lib/gradebook_exporter.rb writes it: the student columns, one per
+# assignment "<title> (<id>)", the totals; a Manual Posting row, the Points Possible row; students by
+# sortable name, the test student last; a name starting with = quoted; a byte-order mark.
+CANVAS_EXPORT = (
+    "\ufeffStudent,ID,SIS User ID,SIS Login ID,Section,PPO exercises (5001),PPO bonus (5002),Quiz 1 (5003),"
+    "Current Points,Final Points,Current Score,Unposted Current Score,Final Score,Unposted Final Score\n"
+    ",,,,,Manual Posting,Manual Posting,,,,,,,\n"
+    f"    Points Possible,,,,,100.00,{BONUS_MAX:.2f},10.00,(read only),(read only),(read only),(read only),"
+    "(read only),(read only)\n"
+    "\"=\"\"=Eve\"\"\",4104,900104,eve,Section A,,,8.00,8.00,8.00,80.00,80.00,80.00,80.00\n"
+    "\"Müller, José\",4101,900101,jmuller,Section A,,,9.00,9.00,9.00,90.00,90.00,90.00,90.00\n"
+    "\"O'Brien, Siobhán\",4102,900102,sobrien,Section B,,,,0.00,0.00,,,0.00,0.00\n"
+    "\"Wu, Carol\",4106,900106,cwu,\"Section A and Section B\",,,7.00,7.00,7.00,70.00,70.00,70.00,70.00\n"
+    "\"Ødegård, Zoë\",4103,900103,zodegard,Section B,,,10.00,10.00,10.00,100.00,100.00,100.00,100.00\n"
+    "\"Student, Test\",4199,,,Section A,,,,,,,,,\n")
+
+
+def canvas_download(folder: Path) -> dict[str, str]:
+    """A "Download Submissions" of Canvas, unzipped: José on time, Carol LATE with a file she uploaded
+    again (-1), Siobhán's folder holding two downloads' files (exercises.py, then exercises-1.py),
+    Eve's notebook (no .py), a student the gradebook export does not list (4200), and a file a TA
+    dropped in by hand. Returns file name -> user id."""
+    folder.mkdir()
+    uploads = [("Müller, José", 4101, 90001, "exercises.py", False, code("full", SOLUTION.read_text())),
+               ("Wu, Carol", 4106, 90006, "exercises-1.py", True, code("syntax")),
+               ("O'Brien, Siobhán", 4102, 90002, "exercises.py", False, code("full", "the first upload")),
+               ("O'Brien, Siobhán", 4102, 90012, "exercises-1.py", False, code("part one")),
+               ("=Eve", 4104, 90004, "exercises.ipynb", False, "{}"),
+               ("Late, Larry", 4200, 90020, "exercises.py", False, code("sign"))]
+    names = {}
+    for sortable, user, attachment, display, late, text in uploads:
+        name = canvas_file_name(sortable, user, attachment, display, late)
+        (folder / name).write_text(text, encoding="utf-8")
+        names[name] = str(user)
+    (folder / "solution_by_hand.py").write_text(code("full", "by hand"))
+    return names
+
+
+def test_a_canvas_download_is_keyed_by_user_id_and_gives_canvas_its_import_file(tmp_path, monkeypatch, capsys):
+    subs, out, export = tmp_path / "canvas", tmp_path / "out", tmp_path / "2025-03-02T1200_Grades-PPO.csv"
+    names = canvas_download(subs)
+    assert "wucarol_LATE_4106_90006_exercises-1.py" in names and "obriensiobhán_4102_90002_exercises.py" in names
+    export.write_text(CANVAS_EXPORT, encoding="utf-8")
+    monkeypatch.setattr(run, "run_pool", in_process(scripted_grade))
+    args = [str(subs), "--out", str(out), "--canvas-gradebook", str(export), "--canvas-assignment", "PPO exercises"]
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert "warning: 2 students are not in" in err and "4200, solution_by_hand" in err
+    assert "warning: 4103 is in the roster but has no submission" in err
+    rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
+    assert list(next(iter(rows.values())))[:10] == ["student", "name", "user id", "late", "sis user id", "sis login id",
+                                                    "section", "file", "total", "max"]
+    max_ = f"{PART_ONE_MAX:g}"
+    expected = {  # student: name, late, sis user id, file, total, reason (its start)
+        "4101": ("Müller, José", "", "900101", "müllerjosé_4101_90001_exercises.py", max_, ""),
+        "4102": ("O'Brien, Siobhán", "", "900102", "obriensiobhán_4102_90012_exercises-1.py", max_,
+                 "2 .py files (obriensiobhán_4102_90012_exercises-1.py, obriensiobhán_4102_90002_exercises.py): graded "
+                 "obriensiobhán_4102_90012_exercises-1.py, the latest upload"),
+        "4103": ("Ødegård, Zoë", "", "900103", "", "", "no submission"),
+        "4199": ("Student, Test", "", "", "", "", "no submission"),  # Canvas's test student, in its gradebook
+        # the name with the gradebook's guard: a spreadsheet would run =Eve
+        "4104": ("'=Eve", "", "900104", "eve_4104_90004_exercises.ipynb", "0",
+                 "refused: no .py file submitted (only exercises.ipynb)"),
+        "4106": ("Wu, Carol", "late", "900106", "wucarol_LATE_4106_90006_exercises-1.py", "0",
+                 "syntax error: raised SyntaxError: '(' was never closed (wucarol_LATE_4106_90006_exercises-1.py, line 3)"),
+        "4200": ("latelarry", "", "", "latelarry_4200_90020_exercises.py", f"{PART_ONE_MAX - LOSS_POINTS:g}", ""),
+        "solution_by_hand": ("", "", "", "solution_by_hand.py", max_,
+                             "file name not in Canvas's scheme (name[_LATE]_userid_attachmentid_filename): graded, "
+                             "but no Canvas user is known"),
+    }
+    assert sorted(rows) == sorted(expected)
+    for key, (name, late, sis, file, total, reason) in expected.items():
+        row = rows[key]
+        assert (row["name"], row["late"], row["sis user id"], row["file"], row["total"]) == (name, late, sis, file, total), key
+        assert row["reason"].startswith(reason) and (reason or not row["reason"]), (key, row["reason"])
+    assert rows["4106"]["section"] == "Section A and Section B" and rows["4101"]["user id"] == "4101"
+
+    # canvas-import.csv: the export's student columns as exported, the assignment's column, the
+    # graded students the export knows, in its order; no Points Possible row
+    lines = list(csv.reader(io.StringIO((out / "canvas-import.csv").read_text(encoding="utf-8"))))
+    total_with_bonus = f"{PART_ONE_MAX + BONUS_MAX:g}"
+    assert lines == [["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "PPO exercises (5001)"],
+                     ["=\"=Eve\"", "4104", "900104", "eve", "Section A", "0"],
+                     ["Müller, José", "4101", "900101", "jmuller", "Section A", total_with_bonus],
+                     ["O'Brien, Siobhán", "4102", "900102", "sobrien", "Section B", max_],
+                     ["Wu, Carol", "4106", "900106", "cwu", "Section A and Section B", "0"]]
+    assert not (out / "canvas-import.csv").read_bytes().startswith(b"\xef\xbb\xbf")
+    # named by the export's names, not the file name's sanitised ones
+    assert (out / "feedback" / "4101.md").read_text().startswith("# Feedback for 4101 (Müller, José)\n")
+    assert "| 4101 (Müller, José) | 100% | yes |" in (out / "similarity.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "not in canvas-import.csv: 4200, solution_by_hand" in summary
+    assert "not in grades.csv or canvas-import.csv (no grade: no submission or a grader failure): 4103, 4199" in summary
+
+    # a second download unzipped over the first: the same files again, and Carol's new upload
+    # beside her old one (a new attachment id, the -2 of a name uploaded again): the same keys
+    canvas_download(tmp_path / "again")
+    for entry in (tmp_path / "again").iterdir():
+        os.replace(entry, subs / entry.name)
+    carol = canvas_file_name("Wu, Carol", 4106, 90099, "exercises-2.py", late=True)
+    (subs / carol).write_text(code("full", "Carol's fix"), encoding="utf-8")
+    assert cli.main(args) == 0
+    assert "is not in the roster" not in capsys.readouterr().err
+    rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
+    assert sorted(rows) == sorted(expected) and (rows["4106"]["file"], rows["4106"]["total"]) == (carol, max_)
+    assert rows["4106"]["reason"].startswith(f"2 .py files ({carol}, wucarol_LATE_4106_90006_exercises-1.py): "
+                                             f"graded {carol}, the latest upload; check it is the one")
+
+    # the bonus in its own Canvas assignment
+    assert cli.main(args + ["--canvas-bonus-assignment", "5002"]) == 0
+    lines = list(csv.reader(io.StringIO((out / "canvas-import.csv").read_text(encoding="utf-8"))))
+    assert lines[0][-2:] == ["PPO exercises (5001)", "PPO bonus (5002)"]
+    assert lines[2][-2:] == [max_, f"{BONUS_MAX:g}"] and lines[3][-2:] == [max_, "0"]
+    graded_csv = list(csv.reader(io.StringIO((out / "grades.csv").read_text(encoding="utf-8"))))
+    assert graded_csv[0] == ["email", "sid", "name", "score", "bonus"]
+    assert ["", "4101", "Müller, José", max_, f"{BONUS_MAX:g}"] in graded_csv
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "--canvas-assignment: which assignment of"),
+    (["--canvas-assignment", "Homework 9"], "'Homework 9': no assignment of"),
+    (["--canvas-assignment", "PPO exercises", "--bonus", "column"], "--bonus column: give --canvas-bonus-assignment"),
+])
+def test_canvas_options_that_do_not_match_the_export_stop_before_grading(tmp_path, capsys, args, message):
+    subs, export = tmp_path / "canvas", tmp_path / "grades.csv"
+    canvas_download(subs)
+    export.write_text(CANVAS_EXPORT, encoding="utf-8")
+    assert cli.main([str(subs), "--out", str(tmp_path / "out"), "--canvas-gradebook", str(export), *args]) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and not (tmp_path / "out").exists()
+    if "assignment of" in message:  # the TA is shown what to choose from
+        assert "(its assignments: PPO exercises (5001); PPO bonus (5002); Quiz 1 (5003))" in err
+    export.write_text("name,email\nx,y\n", encoding="utf-8")
+    assert cli.main([str(subs), "--out", str(tmp_path / "out"), "--canvas-gradebook", str(export),
+                     "--canvas-assignment", "x"]) == 1
+    assert "is not a Canvas gradebook export" in capsys.readouterr().err
+
+
+def test_a_moodle_download_in_folders_is_keyed_by_participant(tmp_path, monkeypatch):
+    subs, out = tmp_path / "moodle", tmp_path / "out"
+    for folder, name, text in [("José Müller_1001_assignsubmission_file", "exercises.py", code("full")),
+                               ("Ann Lee_1002_assignsubmission_file", "ppo.py", code("part one")),
+                               ("Ann Lee_1002_assignsubmission_onlinetext", "onlinetext.html", "<p>hi</p>")]:
+        (subs / folder).mkdir(parents=True)
+        (subs / folder / name).write_text(text, encoding="utf-8")
+    monkeypatch.setattr(run, "run_pool", in_process(scripted_grade))
+    assert cli.main([str(subs), "--out", str(out)]) == 0
+    rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
+    assert {k: (r["name"], r["participant id"], r["file"], r["reason"]) for k, r in rows.items()} == {
+        "1001": ("José Müller", "1001", "José Müller_1001_assignsubmission_file/exercises.py", ""),
+        "1002": ("Ann Lee", "1002", "Ann Lee_1002_assignsubmission_file/ppo.py", "")}
+    assert "not graded: a Moodle 'onlinetext' submission" in (out / "summary.md").read_text()
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    (flat / "José Müller_1001_assignsubmission_file_exercises.py").write_text("x")
+    (flat / "Ann Lee_1002_assignsubmission_file_ppo.py").write_text("x")
+    (flat / "Ann Lee_1002_assignsubmission_file_helpers.py").write_text("x")
+    found = exports.discover_class(flat)
+    assert found.layout == exports.MOODLE and [s.id for s in found.students] == ["1001", "1002"]
+    assert "2 entries and none plainly the one to grade" in found.students[1].problem
+
+
+def test_the_layout_is_recognised_and_can_be_named():
+    layout = next(a for a in cli.build_parser()._actions if a.dest == "layout")
+    assert tuple(layout.choices) == exports.LAYOUTS  # the CLI names them without importing the classroom
+    assert exports.detect(ROOT / "tests" / "submissions") == exports.PLAIN
+    assert exports.CANVAS_NAME.fullmatch(canvas_file_name("Müller, José", 4101, 90001, "exercises.py"))
+    m = exports.CANVAS_NAME.fullmatch(canvas_file_name("Lab_12_, Kim", 7, 8, "ex_1_2.py", late=True))
+    assert (m["user"], m["attachment"], m["file"], bool(m["late"])) == ("7", "8", "ex_1_2.py", True)
+    m = exports.CANVAS_ANONYMOUS.fullmatch("LATE_anon_x8Kq2_90123_exercises.py")
+    assert (m["user"], m["attachment"], bool(m["late"])) == ("anon_x8Kq2", "90123", True)
+
+
+@pytest.mark.skipif(not __import__("shutil").which("soffice"), reason="LibreOffice is not installed")
+def test_libreoffice_reads_the_gradebook_with_the_readme_s_filter_option(tmp_path, monkeypatch):
+    """The README's LibreOffice line: its CSV filter with character set 76 (UTF-8) reads the names
+    (the byte-order mark alone does not make it: its default import takes the system's code page)."""
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs.mkdir()
+    (subs / "s001.py").write_text(code("full"))
+    roster_csv = tmp_path / "roster.csv"
+    roster_csv.write_text("id,name,email\ns001,José Müller,jose@example.edu\n", encoding="utf-8")
+    monkeypatch.setattr(run, "run_pool", in_process(scripted_grade))
+    assert cli.main([str(subs), "--out", str(out), "--roster", str(roster_csv)]) == 0
+    converted = tmp_path / "converted"
+    proc = subprocess.run(["soffice", f"-env:UserInstallation=file://{tmp_path}/profile", "--headless",
+                           "--infilter=CSV:44,34,76", "--convert-to", "csv:Text - txt - csv (StarCalc):44,34,76",
+                           "--outdir", str(converted), str(out / "gradebook.csv")],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = (converted / "gradebook.csv").read_text(encoding="utf-8")
+    assert text.startswith("student,name,email,file,total,max,") and "s001,José Müller,jose@example.edu," in text
+
+
+def test_canvas_import_warns_when_canvas_gives_the_assignment_other_points(tmp_path):
+    """A semicolon export with decimal commas (Canvas's CSV in some locales) is read too."""
+    export = tmp_path / "grades.csv"
+    export.write_text("Student;ID;SIS Login ID;Section;PPO exercises (5001);Current Points\n"
+                      "    Points Possible;;;;10,00;(read only)\n"
+                      "Müller, José;4101;jmuller;Section A;9,50;9,50\n", encoding="utf-8")
+    found = roster.load_canvas(export)
+    assert found.students == {"4101": {"name": "Müller, José", "sis login id": "jmuller", "section": "Section A"}}
+    book = gradebook.Gradebook([1], [(1, "loss")], [gradebook.Row("4101", "graded", 90.0, 100.0)])
+    text, notes = upload.canvas_csv(book, found.canvas, found.canvas.assignment("5001", "--canvas-assignment"), None)
+    assert text == "Student,ID,SIS Login ID,Section,PPO exercises (5001)\n\"Müller, José\",4101,jmuller,Section A,90\n"
+    assert notes == ["Canvas's PPO exercises (5001) is worth 10,00 points and these grades are out of 100: change its "
+                     "points in Canvas or scale the column before importing"]

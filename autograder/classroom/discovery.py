@@ -16,12 +16,16 @@ The accepted-names rule (README, "Grading a class"):
   not a student; it is noted, so that nothing is dropped in silence.
 
 The notes reach the terminal and summary.md (run.py, summary.py).
+
+A platform's export (exports.py) uses the same rule inside each submission's folder, and says who
+the real students are: a ``Student`` here is one grading (a file, its results file), and its
+``people`` are the students it counts for (a group submission has several).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SUFFIX = ".py"
@@ -29,12 +33,27 @@ GRADED_NAME = "exercises.py"
 
 
 @dataclass(frozen=True)
+class Person:
+    """A real student whom a grading counts for."""
+    key: str                    # the gradebook's `student`: unique in the class, safe as a file name
+    fields: dict[str, str] = field(default_factory=dict)  # name, sid, email, ... as the platform gives them
+    note: str = ""              # what the TA must look at about who this is (a name not understood, ...)
+
+
+@dataclass(frozen=True)
 class Student:
+    """One grading: a file and its results file (results/<id>.json)."""
     id: str
     path: Path | None           # the file to grade; None when the layout is wrong
     folder: Path                # the file must lie inside it once links are resolved
     problem: str = ""           # why there is nothing to grade, for the student
     watch: tuple[Path, ...] = ()  # what, changed, makes a result stale
+    people: tuple[Person, ...] = ()  # whom it counts for; none: the student named ``id``
+    file: str = ""              # what was graded, relative to the submissions folder (for the TA)
+
+    @property
+    def persons(self) -> tuple[Person, ...]:
+        return self.people or (Person(self.id),)
 
 
 @dataclass(frozen=True)
@@ -52,6 +71,9 @@ class Notice:
 class Discovery:
     students: list[Student]
     notices: list[Notice]
+    layout: str = "plain"       # plain, or the platform whose export this is (exports.py)
+    columns: tuple[str, ...] = ()  # the fields of Person the layout gives, in the gradebook's order
+    sid_column: str = ""        # the field that is the platform's student id ("": the key itself)
 
     @property
     def ignored(self) -> list[str]:
@@ -59,7 +81,7 @@ class Discovery:
         return [n.entry for n in self.notices if n.student is None]
 
 
-def _is_submission_name(name: str) -> bool:
+def is_submission_name(name: str) -> bool:
     return name.lower().endswith(SUFFIX) and len(name) > len(SUFFIX)
 
 
@@ -76,45 +98,49 @@ def discover(root: Path, skip: tuple[Path, ...] = ()) -> Discovery:
             continue
         if name.startswith(".") or name == "__pycache__":
             notices.append(Notice(name + ("/" if entry.is_dir() else ""), "hidden or cache entry, not a student"))
-        elif _is_submission_name(name) or entry.is_symlink() or entry.is_dir():
-            sid = name[:-len(SUFFIX)] if _is_submission_name(name) else name
+        elif is_submission_name(name) or entry.is_symlink() or entry.is_dir():
+            sid = name[:-len(SUFFIX)] if is_submission_name(name) else name
             entries.setdefault(sid, []).append(entry)
-            if _is_submission_name(name) and not name.endswith(SUFFIX):
+            if is_submission_name(name) and not name.endswith(SUFFIX):
                 notices.append(Notice(name, f"graded as {sid}'s submission (the extension is not lowercase .py)", sid))
         else:
             notices.append(Notice(name, f"not a student: a submission is NAME.py or a folder NAME/ "
                                         f"(rename it to NAME.py if it is one)"))
     students = []
     for sid, found in sorted(entries.items()):
-        student, extra = _student(sid, found, root)
+        student, extra = student_of(sid, found, root)
         students.append(student)
         notices += extra
     return Discovery(students, notices)
 
 
-def _student(sid: str, entries: list[Path], root: Path) -> tuple[Student, list[Notice]]:
+def student_of(sid: str, entries: list[Path], root: Path) -> tuple[Student, list[Notice]]:
+    """The grading ``sid`` of the entries found under its name (the accepted-names rule), and a
+    notice for each entry of its folder that is not graded."""
     if len(entries) > 1:
         names = " and ".join(e.name + ("/" if e.is_dir() else "") for e in entries)
         return Student(sid, None, root, f"two submissions under one name: {names}; submit only one",
-                       tuple(entries)), []
+                       tuple(entries), file=names), []
     entry = entries[0]
-    if not entry.is_dir() or entry.is_symlink() or _is_submission_name(entry.name):
-        return Student(sid, entry, root, "", (entry,)), []  # submission.read refuses links, folders, FIFOs
+    if not entry.is_dir() or entry.is_symlink() or is_submission_name(entry.name):
+        # submission.read refuses links, folders, FIFOs
+        return Student(sid, entry, root, "", (entry,), file=entry.name), []
     try:
         inside = sorted(entry.iterdir())
     except OSError as err:
-        return Student(sid, None, entry, f"{entry.name}/ cannot be listed ({err.strerror})", (entry,)), []
-    files = [p for p in inside if _is_submission_name(p.name) and not p.name.startswith(".")]
+        return Student(sid, None, entry, f"{entry.name}/ cannot be listed ({err.strerror})", (entry,),
+                       file=entry.name + "/"), []
+    files = [p for p in inside if is_submission_name(p.name) and not p.name.startswith(".")]
     chosen = entry / GRADED_NAME if os.path.lexists(entry / GRADED_NAME) else files[0] if len(files) == 1 else None
     if chosen is None:
         problem = f"{entry.name}/ holds no .py file: submit {GRADED_NAME}" if not files else \
             f"{entry.name}/ holds {len(files)} .py files ({', '.join(f.name for f in files)}) and no " \
             f"{GRADED_NAME}: submit only {GRADED_NAME}"
-        return Student(sid, None, entry, problem, (entry,)), []
+        return Student(sid, None, entry, problem, (entry,), file=entry.name + "/"), []
     notices = [Notice(f"{entry.name}/{p.name}" + ("/" if p.is_dir() and not p.is_symlink() else ""),
                       f"not graded: {entry.name}/{chosen.name} is", sid)
                for p in inside if p != chosen and p.name != "__pycache__"]
-    return Student(sid, chosen, entry, "", (entry, chosen)), notices
+    return Student(sid, chosen, entry, "", (entry, chosen), file=f"{entry.name}/{chosen.name}"), notices
 
 
 def stamp(student: Student) -> list:

@@ -1,10 +1,12 @@
-"""``feedback/<id>.md``: what a student sees, as a file a TA can mail or post.
+"""``feedback/<student>.md``: what a student sees, as a file a TA can mail or post.
 
-Built from the student's results file alone. The default view is what Gradescope shows before
-grades are published: the visible checks with their feedback (counterexamples, hints) and the
-visible total; hidden checks are only counted. ``published=True`` is the view after publication:
-the hidden checks and the full total too. A student the grader failed on gets no feedback file
-(a stale one is removed): there is nothing of theirs to say yet.
+One file per student (their key: a group's members get one each), built from the results file of
+their grading alone. The default view is what Gradescope shows before grades are published: the
+visible checks with their feedback (counterexamples, hints) and the visible total; hidden checks
+are only counted. ``published=True`` is the view after publication: the hidden checks and the
+total too, Part I's out of its maximum as in the gradebook, and what the optional Part II's bonus
+adds beyond it. A student the grader failed on gets no feedback file (a stale one is removed):
+there is nothing of theirs to say yet.
 
 Student text (an exception message, a file name) goes inside code fences longer than any run of
 backticks in it, so it cannot break out of the fence.
@@ -27,13 +29,19 @@ def fence(text: str) -> str:
     return f"{ticks}text\n{text}\n{ticks}"
 
 
-def render(sid: str, data: dict, published: bool = False) -> str:
+def render(title: str, data: dict, published: bool = False) -> str:
     tests = [t for t in data.get("tests", []) if published or t.get("visibility") == "visible"]
     view = "after grades are published (hidden checks included)" if published else \
         "as Gradescope shows it before grades are published (visible checks)"
-    lines = [f"# Feedback for {sid}", "", f"_The view {view}._", ""]
+    lines = [f"# Feedback for {title}", "", f"_The view {view}._", ""]
     if published:
-        lines.append(f"**Total: {_g(data.get('score', 0))} / {_g(sum(t['max_score'] for t in data.get('tests', [])))}**")
+        every = data.get("tests", [])
+        part_one = [t for t in every if not t.get("extra_data", {}).get("bonus")]
+        bonus = [t for t in every if t.get("extra_data", {}).get("bonus")]
+        lines.append(f"**Total: {_g(sum(t['score'] for t in part_one))} / {_g(sum(t['max_score'] for t in part_one))}**")
+        if bonus:
+            lines.append(f"**Bonus (Part II, optional): {_g(sum(t['score'] for t in bonus))} / "
+                         f"{_g(sum(t['max_score'] for t in bonus))}**, beyond the total")
     else:
         lines += [fence(data.get("output", ""))]  # results.json's own summary: it counts the hidden checks
     for t in tests:
@@ -43,16 +51,17 @@ def render(sid: str, data: dict, published: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(out: Path, ids: list[str], published: bool = False) -> Path:
-    """feedback/<id>.md for every student with a results file; returns the folder."""
+def write(out: Path, students: list[tuple[str, str, str]], published: bool = False) -> Path:
+    """feedback/<key>.md for every student (key, their grading's id, how the file names them)
+    whose grading has a results file; returns the folder."""
     folder = Path(out) / FOLDER
-    for sid in ids:
-        data = read_results(out, sid)
-        path = folder / f"{sid}.md"
+    for key, unit, title in students:
+        data = read_results(out, unit)
+        path = folder / f"{key}.md"
         if data is None:
             unlink(path)
             continue
-        report.write_text_atomic(render(sid, data, published), path)
+        report.write_text_atomic(render(title, data, published), path)
     return folder
 
 

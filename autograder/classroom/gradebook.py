@@ -4,22 +4,32 @@ Columns come from what the results files contain (every exercise and check, in t
 order, the training check last), not from a list here: an exercise or section the grader adds
 (a bonus exercise, say) is a column without a change to this module.
 
+One row per real student (discovery.Person): a group submission's grading gives each member a
+row, keyed by the student (the key, then the name, ids and email the platform gives), with the
+file that was graded. ``total`` and ``max`` are Part I's, the same denominator in every file
+this package writes; ``bonus`` is what the optional Part II adds beyond it, out of ``bonus max``.
+
 The CSV is UTF-8 with a byte-order mark: Excel reads a CSV without one in the system's legacy
-code page and garbles "José Müller"; with it, Excel, LibreOffice, Google Sheets and pandas read
-UTF-8 (Python: ``open(path, encoding="utf-8-sig")``). Text cells that a spreadsheet would run as
-a formula (starting with = + - @) get a leading apostrophe, since file names and exception
-messages in them come from students.
+code page and garbles "José Müller". LibreOffice ignores the mark (its headless conversion read
+the file as Latin-1, version 7.4): its Text Import dialog needs the character set "Unicode
+(UTF-8)", a conversion the filter option ``--infilter=CSV:44,34,76`` (README; tests/test_classroom.py
+converts a gradebook so).
+Python: ``open(path, encoding="utf-8-sig")``. Text cells that a spreadsheet would run as a formula
+(starting with = + - @) get a leading apostrophe, since file names and exception messages in them
+come from students.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from assignment.contract import is_bonus
 
+from .discovery import Student
 from .grading import read_failure, read_results, status_of
 from .status import NOT_GRADED, feedback_of, student_status
 
@@ -29,11 +39,13 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 @dataclass
 class Row:
-    student: str
+    student: str                                 # the person's key (discovery.Person)
     status: str                                  # graded, refused: why, grader failed: why, not graded
     total: float | None = None                   # Part I's score (the assignment's total)
     max_score: float | None = None
     bonus: float | None = None                   # Part II's points beyond the total (None: none graded)
+    bonus_max: float | None = None
+    file: str = ""                               # what was graded, relative to the submissions folder
     exercises: dict[int, float] = field(default_factory=dict)
     exercise_max: dict[int, float] = field(default_factory=dict)
     checks: dict[tuple[int, str], float] = field(default_factory=dict)
@@ -42,7 +54,7 @@ class Row:
     reason: str = ""                                          # empty: graded normally
     feedback: dict[tuple[int, str], str] = field(default_factory=dict)  # of the failed checks
     hidden: set[tuple[int, str]] = field(default_factory=set)           # which checks are hidden
-    extra: dict[str, str] = field(default_factory=dict)                 # roster columns
+    extra: dict[str, str] = field(default_factory=dict)                 # name, sid, email, ... (platform, roster)
 
 
 @dataclass
@@ -50,21 +62,37 @@ class Gradebook:
     exercises: list[int]                 # 0: the training check
     checks: list[tuple[int, str]]
     rows: list[Row]
-    extra_columns: list[str] = field(default_factory=list)  # from the roster
+    extra_columns: list[str] = field(default_factory=list)  # the platform's fields, then the roster's
+    sid_column: str = ""                 # which of them is the platform's student id ("": student)
 
     @property
     def has_bonus(self) -> bool:
         return any(is_bonus(n) for n in self.exercises)
 
+    @property
+    def out_of(self) -> float | None:
+        """Part I's maximum, the denominator of every total."""
+        return max((r.max_score for r in self.rows if r.max_score is not None), default=None)
+
+    @property
+    def bonus_out_of(self) -> float | None:
+        """What Part II can add beyond it (None: no Part II graded)."""
+        return max((r.bonus_max for r in self.rows if r.bonus_max is not None), default=None)
+
+    def sid(self, row: Row) -> str:
+        return row.extra.get(self.sid_column, "") if self.sid_column else row.student
+
     def header(self) -> list[str]:
-        return ["student", *self.extra_columns, "total", "max", *(["bonus"] if self.has_bonus else []), "reason",
+        return ["student", *self.extra_columns, "file", "total", "max",
+                *(["bonus", "bonus max"] if self.has_bonus else []), "reason",
                 *(exercise_column(n) for n in self.exercises),
                 *(f"{exercise_column(n)} status" for n in self.exercises),
                 *(f"{n}/{c}" for n, c in self.checks), "status"]
 
     def table(self) -> list[list[str]]:
-        return [[r.student, *(r.extra.get(c, "") for c in self.extra_columns), number_text(r.total), number_text(r.max_score),
-                 *([number_text(r.bonus)] if self.has_bonus else []), r.reason, *(number_text(r.exercises.get(n)) for n in self.exercises),
+        return [[r.student, *(r.extra.get(c, "") for c in self.extra_columns), r.file, number_text(r.total),
+                 number_text(r.max_score), *([number_text(r.bonus), number_text(r.bonus_max)] if self.has_bonus else []),
+                 r.reason, *(number_text(r.exercises.get(n)) for n in self.exercises),
                  *(r.statuses.get(n, "") for n in self.exercises),
                  *(number_text(r.checks.get(k)) for k in self.checks), r.status] for r in self.rows]
 
@@ -89,38 +117,47 @@ def columns_from(results: list[dict]) -> tuple[list[int], list[tuple[int, str]]]
     return numbers, sorted(checks, key=lambda k: (_exercise_order(k[0]), checks.index(k)))
 
 
-def build_gradebook(out: Path, ids: list[str], fallback: tuple[list[int], list[tuple[int, str]]],
-                    roster: dict[str, dict[str, str]] | None = None, roster_columns: list[str] = ()) -> Gradebook:
-    """The gradebook, from the files in ``out`` alone. ``fallback``: the columns when no student
-    has a results file yet (every grading failed)."""
-    found = {sid: read_results(out, sid) for sid in sorted(ids)}
+def build_gradebook(out: Path, students: list[Student], fallback: tuple[list[int], list[tuple[int, str]]],
+                    roster: dict[str, dict[str, str]] | None = None, columns: list[str] = (),
+                    sid_column: str = "") -> Gradebook:
+    """The gradebook, from the files in ``out`` alone: a row for each person of each grading in
+    ``students``, with the person's fields, then the roster's (keyed by the person's key; a
+    value of the roster wins). ``columns``: those fields, in order. ``fallback``: the columns
+    when no student has a results file yet (every grading failed)."""
+    found = {s.id: read_results(out, s.id) for s in students}
     numbers, checks = columns_from([d for d in found.values() if d is not None])
     if not checks:
         numbers, checks = fallback
-    rows = [row_for(out, sid, checks, numbers, data) for sid, data in found.items()]
-    for row in rows:
-        row.extra = dict((roster or {}).get(row.student, {}))
-    return Gradebook(numbers, checks, rows, list(roster_columns))
+    rows = []
+    for s in sorted(students, key=lambda s: s.id):
+        graded = row_for(out, s.id, checks, numbers, found[s.id], s.file)
+        for person in s.persons:
+            extra = {**person.fields, **{k: v for k, v in (roster or {}).get(person.key, {}).items() if v}}
+            rows.append(dataclasses.replace(graded, student=person.key, extra=extra,
+                                            reason="; ".join(filter(None, [graded.reason, person.note]))))
+    return Gradebook(numbers, checks, rows, list(columns), sid_column)
 
 
 def row_for(out: Path, sid: str, checks: list[tuple[int, str]], numbers: list[int] | None = None,
-            data: dict | None = None) -> Row:
+            data: dict | None = None, file: str = "") -> Row:
+    """The row of the grading ``sid`` (its results file, or why there is none), keyed by ``sid``."""
     numbers = numbers if numbers is not None else sorted({n for n, _ in checks}, key=_exercise_order)
     data = data if data is not None else read_results(out, sid)
     if data is None:
         failure = read_failure(out, sid)
         state = student_status(None, "", failure, numbers)
         status = f"grader failed: {failure}" if failure is not None else NOT_GRADED
-        return Row(sid, status, statuses=state.exercises, reason=state.reason)
+        return Row(sid, status, statuses=state.exercises, reason=state.reason, file=file)
     tests = {(t["extra_data"]["exercise"], t["extra_data"]["check"]): t for t in data["tests"]}
     present = [k for k in checks if k in tests]
     status = status_of(data)
-    state = student_status(data, status, None, numbers)
+    state = student_status(data, status, None, numbers, file)
     # total and max are Part I's; Part II's bonus shows in its own exercise columns (ex6-ex8)
     part_one = [k for k in present if not is_bonus(k[0])]
     part_two = [k for k in present if is_bonus(k[0])]
-    row = Row(sid, status, sum(tests[k]["score"] for k in part_one),
-              sum(tests[k]["max_score"] for k in part_one), sum(tests[k]["score"] for k in part_two) if part_two else None,
+    row = Row(sid, status, sum(tests[k]["score"] for k in part_one), sum(tests[k]["max_score"] for k in part_one),
+              sum(tests[k]["score"] for k in part_two) if part_two else None,
+              sum(tests[k]["max_score"] for k in part_two) if part_two else None, file,
               checks={k: tests[k]["score"] for k in present},
               failed_checks=[k for k in present if tests[k]["status"] == "failed"],
               statuses=state.exercises, reason=state.reason,

@@ -13,10 +13,15 @@ submit is common, and the TA needs that row to enter a 0).
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
+import io
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ID, COPIED = "id", ("name", "email")
+CANVAS_ID, CANVAS_SECTION = "ID", "Section"
+CANVAS_COPIED = {"SIS User ID": "sis user id", "SIS Login ID": "sis login id", "Section": "section"}
+CANVAS_ASSIGNMENT = re.compile(r"(?P<title>.*) \((?P<id>\d+)\)")
 
 
 class RosterError(ValueError):
@@ -24,9 +29,29 @@ class RosterError(ValueError):
 
 
 @dataclass(frozen=True)
+class CanvasGradebook:
+    """What a Canvas gradebook export says, for its import file (upload.py)."""
+    path: Path
+    info: list[str]                       # the student columns, Student (or LastName, FirstName) to Section
+    students: dict[str, list[str]]        # Canvas user id -> its values of ``info``, as exported
+    assignments: dict[str, str]           # assignment column ("<title> (<id>)") -> points possible ("" if none)
+
+    def assignment(self, asked: str, option: str) -> str:
+        """The column of the assignment ``asked`` for: its whole header, its title or its id."""
+        found = [h for h in self.assignments if asked in (h, *CANVAS_ASSIGNMENT.fullmatch(h).group("title", "id"))]
+        if len(found) == 1:
+            return found[0]
+        listed = "; ".join(self.assignments) or "none"
+        raise RosterError(f"{option} {asked!r}: {'no' if not found else 'more than one'} assignment of {self.path} "
+                          f"is named so (its assignments: {listed})")
+
+
+@dataclass(frozen=True)
 class Roster:
     columns: list[str]                    # those of COPIED the roster has
     students: dict[str, dict[str, str]]   # id -> {column: value}
+    strict: bool = True                   # a submission not in it stops the run (else: a warning)
+    canvas: CanvasGradebook | None = field(default=None, compare=False)
 
 
 def load(path: Path) -> Roster:
@@ -60,10 +85,56 @@ def load(path: Path) -> Roster:
     return Roster(columns, students)
 
 
+def load_canvas(path: Path) -> Roster:
+    """Canvas's gradebook export as a roster keyed by Canvas user id (see the module's docstring)."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as f:
+            text = f.read()
+        first = text.split("\n", 1)[0]
+        rows = list(csv.reader(io.StringIO(text), delimiter=";" if first.count(";") > first.count(",") else ","))
+    except OSError as err:
+        raise RosterError(f"cannot read the Canvas gradebook {path}: {err.strerror}") from None
+    except (UnicodeDecodeError, csv.Error) as err:
+        raise RosterError(f"the Canvas gradebook {path} is not a UTF-8 CSV file ({err}): export it from Canvas "
+                          "again (Grades, Export, Export Entire Gradebook)") from None
+    header = [h.strip() for h in rows[0]] if rows else []
+    first_last = header[:2] == ["LastName", "FirstName"]
+    if not header or not (header[0].startswith("Student") or first_last) or CANVAS_ID not in header \
+            or CANVAS_SECTION not in header:
+        raise RosterError(f"{path} is not a Canvas gradebook export: its header should start with Student, ID and "
+                          f"hold Section (it starts {', '.join(header[:4]) or 'empty'}); export it from Canvas "
+                          "(Grades, Export, Export Entire Gradebook)")
+    info = header[:header.index(CANVAS_SECTION) + 1]
+    columns = {h: i for i, h in enumerate(header)}
+    assignments = {h: "" for h in header[len(info):] if CANVAS_ASSIGNMENT.fullmatch(h)}
+    students, fields = {}, {}
+    for row in rows[1:]:
+        row = row + [""] * (len(header) - len(row))
+        if "Points Possible" in row[0]:
+            assignments = {h: row[columns[h]].strip() for h in assignments}
+        elif all(re.fullmatch(r"\s*(Muted|Manual Posting.*)?\s*", c, re.I) for c in row):
+            continue  # the row saying which assignments are hidden, or an empty line
+        elif row[columns[CANVAS_ID]].strip():
+            uid = row[columns[CANVAS_ID]].strip()
+            students[uid] = row[:len(info)]
+            name = f"{row[1]} {row[0]}" if first_last else row[0]
+            fields[uid] = {"name": _unquoted(name.strip()),
+                           **{ours: row[columns[theirs]].strip() for theirs, ours in CANVAS_COPIED.items()
+                              if theirs in columns}}
+    copied = ["name", *(ours for theirs, ours in CANVAS_COPIED.items() if theirs in columns)]
+    return Roster(copied, fields, strict=False, canvas=CanvasGradebook(Path(path), info, students, assignments))
+
+
+def _unquoted(name: str) -> str:
+    """A name as Canvas exports one that starts with = (="=x"), back to itself."""
+    m = re.fullmatch(r'="(.*)"', name)
+    return m.group(1) if m else name
+
+
 def check(roster: Roster, ids: list[str], path: Path) -> list[str]:
-    """The roster ids without a submission; raises RosterError for submissions not in the roster."""
+    """The roster ids without a submission; raises RosterError for submissions not in a strict roster."""
     unknown = sorted(set(ids) - set(roster.students))
-    if unknown:
+    if unknown and roster.strict:
         raise RosterError(f"{len(unknown)} submissions have an id that is not in the roster {path}: "
                           f"{', '.join(unknown)}. Add them to the roster (column '{ID}') or rename the submissions")
     return sorted(set(roster.students) - set(ids))

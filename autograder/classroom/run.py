@@ -2,20 +2,25 @@
 
 Outputs in the out folder (README, "Grading a class"):
 
-* ``results/<id>.json``: exactly what ``ppo-grade FILE`` writes (Gradescope's format);
-* ``gradebook.csv``: one row per student: total, reason, per exercise its points and status,
-  per check its points (UTF-8 with a BOM, for spreadsheets);
+* ``results/<id>.json``: exactly what ``ppo-grade FILE`` writes (Gradescope's format), one per
+  grading (a group submission is graded once);
+* ``gradebook.csv``: one row per student, keyed by the real student (a platform's export says
+  who: exports.py): total, reason, per exercise its points and status, per check its points
+  (UTF-8 with a BOM, for spreadsheets);
+* ``grades.csv`` and, from a Canvas class with its gradebook export, ``canvas-import.csv``: the
+  grades in the files platforms import (upload.py);
 * ``summary.md`` (and ``score-distribution.png`` when matplotlib is importable): the spread,
   per-exercise means, who did not get a normal grading and why, mistakes by kind, every entry
   of the submissions folder that was not graded;
 * ``similarity.md`` and ``similarity.csv``: alike pairs and matches of the answer key;
-* ``feedback/<id>.md``: what each student sees;
+* ``feedback/<student>.md``: what each student sees;
 * ``grader-failures/<id>.json`` for students the grader failed on and ``batch-state.json``
   (what each result was graded from, for resuming).
 
 Everything but results/ is rebuilt from the results files on every run, so it never disagrees
 with them. The roles live in their own modules, each importing only those before it:
-discovery, grading, pool, state, status, gradebook, roster, summary, similarity, feedback, run.
+discovery, exports, grading, pool, state, status, gradebook, roster, upload, summary, similarity,
+feedback, run.
 Nothing here imports the CLI; the CLI imports run.
 """
 
@@ -35,20 +40,22 @@ from .. import report
 from ..config import GradingConfig, hidden_seed
 from ..exercises import CHECKS
 from ..sandbox import check_unreadable, detect_strategy
-from . import feedback, roster as rosters, similarity, summary
-from .discovery import Discovery, Notice, discover
+from . import exports, feedback, roster as rosters, similarity, summary, upload
+from .discovery import Discovery, Notice
 from .gradebook import Gradebook, Row, build_gradebook, to_csv
 from .grading import FAILED, FAILURES, GRADED, REFUSED, RESULTS, Outcome, Setup, unlink  # noqa: F401 (the CLI reads GRADED, REFUSED)
 from .pool import run_pool, slots
-from .state import load_state, plan, run_key, save_state, stale
+from .state import load_state, plan, run_key, save_state
 
 SUMMARY, GRADEBOOK, SIMILARITY_MD, SIMILARITY_CSV = "summary.md", "gradebook.csv", "similarity.md", "similarity.csv"
 NO_SUBMISSION = "no submission"
+SOURCES = {exports.GRADESCOPE: "a Gradescope export (submission_metadata.yml)", exports.CANVAS: "a Canvas download",
+           exports.MOODLE: "a Moodle download", exports.PLAIN: "one NAME.py or NAME/ per student"}
 
 
 class BatchError(RuntimeError):
     """The class cannot be graded as asked (an empty folder, a folder that would hide the grader,
-    a roster that does not match, an --only name that is no student)."""
+    an export that cannot be read, a roster that does not match, an --only name that is no student)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,11 @@ class Options:
     roster: Path | None = None       # a CSV: id, name, email
     published: bool = False          # feedback/<id>.md with the hidden checks (after publication)
     as_alone: tuple[str, ...] = ()   # modules a single grading imports (pool._examples_as_alone)
+    layout: str = "auto"             # exports.LAYOUTS: which platform wrote the submissions folder
+    canvas_gradebook: Path | None = None   # Canvas's gradebook export: the roster, and canvas-import.csv's columns
+    canvas_assignment: str | None = None   # its column for the grades (title, id or header)
+    canvas_bonus_assignment: str | None = None  # its column for Part II's bonus (with bonus == column)
+    bonus: str = upload.ADD          # Part II's bonus added to the score, or in a column of its own
 
 
 class Progress(Protocol):
@@ -96,6 +108,9 @@ class BatchResult:
     feedback_path: Path
     png_path: Path | None = None
     absent: list[str] = field(default_factory=list)  # roster students without a submission
+    layout: str = exports.PLAIN
+    uploads: list[Path] = field(default_factory=list)  # grades.csv, canvas-import.csv
+    upload_notes: list[str] = field(default_factory=list)  # who is not in them, points that differ
 
     @property
     def ignored(self) -> list[str]:
@@ -108,44 +123,92 @@ class BatchResult:
 
 def grade_class(options: Options, cfg: GradingConfig, progress: Progress = _Silent()) -> BatchResult:
     """Grade every student of ``options.submissions`` who needs it, then write the gradebook.
-    Raises BatchError (nothing to grade, a folder that cannot be hidden, another run on the same
-    out folder, a roster or --only that does not match) or GraderFailure (the sandbox cannot
-    keep the class private); KeyboardInterrupt leaves every finished result in place."""
+    Raises BatchError (nothing to grade, an export that cannot be read, a folder that cannot be
+    hidden, another run on the same out folder, a roster, Canvas gradebook or --only that does
+    not match) or GraderFailure (the sandbox cannot keep the class private); KeyboardInterrupt
+    leaves every finished result in place."""
     out = Path(options.out)
-    found = discover(options.submissions, skip=(out,))
+    try:
+        found = exports.discover_class(options.submissions, skip=(out,), layout=options.layout)
+    except exports.ExportError as err:
+        raise BatchError(str(err)) from None
     if not found.students:
-        raise BatchError(f"no submissions in {options.submissions}: expected NAME.py files or one folder per student")
-    ids = [s.id for s in found.students]
-    unknown = sorted(set(options.only) - set(ids))
-    if unknown:
-        raise BatchError(f"--only: no student {', '.join(unknown)} in {options.submissions} "
-                         f"(students are named by their file or folder: {', '.join(ids[:8])}{', ...' if len(ids) > 8 else ''})")
-    roster = None
-    if options.roster is not None:
-        try:
-            roster = rosters.load(options.roster)
-            rosters.check(roster, ids, options.roster)
-        except rosters.RosterError as err:
-            raise BatchError(str(err)) from None
+        raise BatchError(f"no submissions in {options.submissions} (read as {SOURCES[found.layout]}): expected "
+                         "NAME.py files, one folder per student, or a Gradescope, Canvas or Moodle download")
+    only = _only(options.only, found, options.submissions)
+    roster, absent, notes = _roster(options, found)
     (out / RESULTS).mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
         for folder, pattern in [(out, ".gradebook.csv-*"), (out, ".summary.md-*"), (out, ".results-*"),
-                                (out, ".similarity.*-*"), (out / RESULTS, ".results-*"),
-                                (out / FAILURES, ".results-*"), (out / feedback.FOLDER, ".*.md-*")]:
+                                (out, ".similarity.*-*"), (out, ".grades.csv-*"), (out, ".canvas-import.csv-*"),
+                                (out / RESULTS, ".results-*"), (out / FAILURES, ".results-*"),
+                                (out / feedback.FOLDER, ".*.md-*")]:
             for leftover in folder.glob(pattern):  # temporary files of atomic writes cut short
                 unlink(leftover)
-        return _grade_and_write(options, cfg, found, roster, progress)
+        return _grade_and_write(options, cfg, found, roster, absent, only, notes, progress)
+
+
+def _only(names: tuple[str, ...], found: Discovery, submissions: Path) -> frozenset[str] | None:
+    """The gradings --only names: by a student's key or a grading's id (a folder, a file's name)."""
+    if not names:
+        return None
+    by_name = {s.id: s.id for s in found.students} | {p.key: s.id for s in found.students for p in s.persons}
+    unknown = sorted(set(names) - set(by_name))
+    if unknown:
+        keys = sorted({p.key for s in found.students for p in s.persons})
+        raise BatchError(f"--only: no student {', '.join(unknown)} in {submissions} (students are named by their "
+                         f"key, the gradebook's 'student': {', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''})")
+    return frozenset(by_name[n] for n in names)
+
+
+def _roster(options: Options, found: Discovery) -> tuple[rosters.Roster | None, list[str], list[str]]:
+    """The roster (--roster, or Canvas's gradebook export), its students without a submission, and
+    notes for the TA; checked before anyone is graded."""
+    keys = [p.key for s in found.students for p in s.persons]
+    notes = [] if found.layout == exports.PLAIN else \
+        [f"read {options.submissions} as {SOURCES[found.layout]}: {len(keys)} students in {len(found.students)} gradings"]
+    path = options.roster or options.canvas_gradebook
+    if path is None:
+        if found.layout == exports.CANVAS:
+            notes.append("give --canvas-gradebook EXPORT.csv --canvas-assignment TITLE (Canvas: Grades, Export) to add "
+                         f"names and write {upload.CANVAS_CSV}")
+        return None, [], notes
+    if options.canvas_gradebook is not None and found.layout != exports.CANVAS:
+        raise BatchError(f"--canvas-gradebook joins a Canvas download, and {options.submissions} reads as "
+                         f"{SOURCES[found.layout]} (--layout canvas to say it is one)")
+    try:
+        roster = rosters.load(path) if options.roster else rosters.load_canvas(path)
+        absent = rosters.check(roster, keys, path)
+        if roster.canvas is not None:
+            if not options.canvas_assignment:
+                raise rosters.RosterError(f"--canvas-assignment: which assignment of {path} gets the grades? "
+                                          f"(its assignments: {'; '.join(roster.canvas.assignments) or 'none'})")
+            roster.canvas.assignment(options.canvas_assignment, "--canvas-assignment")
+            if options.bonus == upload.COLUMN:
+                if not options.canvas_bonus_assignment:
+                    raise rosters.RosterError("--bonus column: give --canvas-bonus-assignment TITLE, the Canvas "
+                                              "assignment that gets Part II's bonus")
+                roster.canvas.assignment(options.canvas_bonus_assignment, "--canvas-bonus-assignment")
+    except rosters.RosterError as err:
+        raise BatchError(str(err)) from None
+    unknown = sorted(set(keys) - set(roster.students))
+    if unknown:  # a non-strict roster: the file says who it is
+        notes.append(f"warning: {len(unknown)} students are not in {path}: {', '.join(unknown)}")
+    notes += [f"warning: {key} is in the roster but has no submission" for key in absent]
+    return roster, absent, notes
 
 
 def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, roster: rosters.Roster | None,
-                     progress: Progress) -> BatchResult:
+                     absent: list[str], only: frozenset[str] | None, notes: list[str], progress: Progress) -> BatchResult:
     out, exercises = Path(options.out), tuple(sorted(options.exercises)) if options.exercises else None
     training = options.with_training or cfg.training.enabled
     key, state = run_key(options.config_path, exercises, training, hidden_seed(cfg)[0]), load_state(out)
-    only = frozenset(options.only) if options.only else None
     todo = plan(found.students, out, state, key, options.restart, only)
-    strategy, jobs, notes = _jobs(cfg, options.jobs, len(todo.todo))
-    notes += [f"warning: {n}" for n in found.notices]
+    strategy, jobs, sandbox_notes = _jobs(cfg, options.jobs, len(todo.todo))
+    notes = sandbox_notes + notes + [f"warning: {n}" for n in found.notices]
+    if todo.stale:
+        notes.append(f"--only left {len(todo.stale)} students whose results are missing or older than their files "
+                     f"({', '.join(todo.stale[:10])}{', ...' if len(todo.stale) > 10 else ''}): rerun without --only")
     graded, failed = [], []
 
     def done(outcome: Outcome) -> None:
@@ -161,14 +224,8 @@ def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, ros
         setup = Setup(cfg, Path(options.config_path), out, exercises, options.with_training,
                       (Path(options.submissions).resolve(), out.resolve()), private_slots, options.as_alone)
         _preflight(setup, strategy)
-        if only is not None:
-            left = stale([s for s in found.students if s.id not in only], out, state, key, todo.stamps)
-            if left:
-                notes.append(f"--only left {len(left)} students whose results are missing or older than their files "
-                             f"({', '.join(left[:10])}{', ...' if len(left) > 10 else ''}): rerun without --only")
-        absent = rosters.check(roster, [s.id for s in found.students], options.roster) if roster else []
-        notes += [f"warning: {sid} is in the roster but has no submission" for sid in absent]
-        progress.start(len(todo.todo), len(todo.kept), jobs, notes)
+        # unchanged: kept and current (--only also keeps the stale ones it was not asked for, named above)
+        progress.start(len(todo.todo), len(todo.kept) - len(todo.stale), jobs, notes)
         run_pool(todo.todo, setup, jobs, done)
     return _write_outputs(options, found, roster, absent, exercises, training,
                           dict(graded=graded, kept=[s.id for s in todo.kept], failed=failed, jobs=jobs,
@@ -178,29 +235,61 @@ def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, ros
 def _write_outputs(options: Options, found: Discovery, roster: rosters.Roster | None, absent: list[str],
                    exercises: tuple[int, ...] | None, training: bool, run: dict) -> BatchResult:
     """Everything but results/, rebuilt from the out folder's files."""
-    out, ids = Path(options.out), [s.id for s in found.students]
-    book = build_gradebook(out, ids, fallback_columns(exercises, training),
-                           roster.students if roster else None, roster.columns if roster else [])
-    book.rows += [Row(sid, NO_SUBMISSION, reason=NO_SUBMISSION, extra=dict(roster.students[sid])) for sid in absent]
+    out = Path(options.out)
+    columns = [*found.columns, *(c for c in (roster.columns if roster else []) if c not in found.columns)]
+    book = build_gradebook(out, found.students, fallback_columns(exercises, training),
+                           roster.students if roster else None, columns, found.sid_column)
+    book.rows += [Row(key, NO_SUBMISSION, reason=NO_SUBMISSION, extra=dict(roster.students[key])) for key in absent]
     book.rows.sort(key=lambda r: r.student)
     csv_path, summary_path = out / GRADEBOOK, out / SUMMARY
     report.write_text_atomic(to_csv(book), csv_path)
+    uploads, upload_lines, upload_notes = _write_uploads(options, book, roster)
     png_path = out / summary.HISTOGRAM_PNG
     scored = [r.total for r in book.rows if r.total is not None]
-    drawn = bool(scored) and summary.write_png(
-        summary.histogram(scored, max(r.max_score for r in book.rows if r.max_score is not None)), png_path)
+    drawn = bool(scored) and summary.write_png(summary.histogram(scored, book.out_of), png_path)
     if not drawn:
         unlink(png_path)
-    report.write_text_atomic(summary.summary_markdown(book, found.notices, png_path.name if drawn else None, absent),
-                             summary_path)
+    source = "" if found.layout == exports.PLAIN else SOURCES[found.layout]
+    report.write_text_atomic(summary.summary_markdown(book, found.notices, png_path.name if drawn else None, absent,
+                                                      source, upload_lines), summary_path)
     similar = similarity.report(found.students, _module_file("assignment.exercises"),
                                 _module_file("solutions.exercises"))
-    report.write_text_atomic(similarity.to_markdown(similar), out / SIMILARITY_MD)
-    report.write_text_atomic(similarity.to_csv(similar), out / SIMILARITY_CSV)
-    feedback_path = feedback.write(out, ids, options.published)
+    titles = {r.student: summary.label(r) for r in book.rows}  # the key, and the name the platform or roster gives
+    named = {s.id: " + ".join(titles[p.key] for p in s.persons) for s in found.students}
+    report.write_text_atomic(similarity.to_markdown(similarity.relabeled(similar, named)), out / SIMILARITY_MD)
+    keyed = {s.id: "+".join(p.key for p in s.persons) for s in found.students}
+    report.write_text_atomic(similarity.to_csv(similarity.relabeled(similar, keyed)), out / SIMILARITY_CSV)
+    feedback_path = feedback.write(out, [(p.key, s.id, titles[p.key]) for s in found.students for p in s.persons],
+                                   options.published)
     return BatchResult(book, run["graded"], run["kept"], run["failed"], found.notices, run["jobs"], run["strategy"],
-                       run["notes"], csv_path, summary_path, similar, out / SIMILARITY_MD, feedback_path,
-                       png_path if drawn else None, absent)
+                       run["notes"], csv_path, summary_path, similarity.relabeled(similar, named), out / SIMILARITY_MD,
+                       feedback_path, png_path if drawn else None, absent, found.layout, uploads, upload_notes)
+
+
+def _write_uploads(options: Options, book: Gradebook,
+                   roster: rosters.Roster | None) -> tuple[list[Path], list[str], list[str]]:
+    """grades.csv, and canvas-import.csv when Canvas's gradebook export was given; the summary's
+    lines on them, and the notes among those the TA must read (who is left out, points that differ)."""
+    out = Path(options.out)
+    report.write_text_atomic(upload.grades_csv(book, options.bonus), out / upload.GRADES_CSV)
+    written = [out / upload.GRADES_CSV]
+    bonus = "Part I's total, the bonus in its own column" if options.bonus == upload.COLUMN else \
+        "Part I's total plus Part II's bonus"
+    lines, notes = [f"`{upload.GRADES_CSV}`: {len(upload.graded(book))} students, score = {bonus}"], []
+    if roster is not None and roster.canvas is not None:
+        canvas = roster.canvas
+        bonus_column = canvas.assignment(options.canvas_bonus_assignment, "--canvas-bonus-assignment") \
+            if options.bonus == upload.COLUMN else None
+        text, notes = upload.canvas_csv(book, canvas, canvas.assignment(options.canvas_assignment, "--canvas-assignment"),
+                                        bonus_column, options.bonus)
+        report.write_text_atomic(text, out / upload.CANVAS_CSV)
+        written.append(out / upload.CANVAS_CSV)
+        lines.append(f"`{upload.CANVAS_CSV}`: for Canvas's Grades, Import")
+    left = [r.student for r in book.rows if r.total is None]
+    if left:
+        notes.append(f"not in {' or '.join(p.name for p in written)} (no grade: {NO_SUBMISSION} or a grader failure): "
+                     f"{', '.join(left)}")
+    return written, lines + notes, notes
 
 
 def fallback_columns(exercises: tuple[int, ...] | None, training: bool) -> tuple[list[int], list[tuple[int, str]]]:

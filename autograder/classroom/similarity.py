@@ -19,6 +19,9 @@ streams are equal (a copy up to names, comments and layout). Every student is co
 answer key (solutions/exercises.py) too, and a file that is byte-identical to it, or carries its
 ``### BEGIN SOLUTION`` markers (the student file has none), is named as such.
 
+Files are compared per grading (a group's one file once); ``relabeled`` names each by its
+students (their keys in similarity.csv, with their names in similarity.md).
+
 Read this as a list of what to look at, not a verdict: short functions written to one
 contract converge, and the corpus's mutants are the key with one edit.
 
@@ -116,6 +119,17 @@ def compare(texts: dict[str, str], starter: str, key: str) -> Similarity:
     return Similarity(_ranked([p for p in pairs if p.score >= THRESHOLD or p.same_code]),
                       _ranked([p for p in against_key if p.score >= THRESHOLD or p.same_code or p.a in markers]),
                       markers, len(texts), [])
+
+
+def relabeled(result: Similarity, labels: dict[str, str]) -> Similarity:
+    """``result`` with each grading's id replaced by its label (its students); the key stays."""
+    def name(sid: str) -> str:
+        return labels.get(sid, sid)
+
+    return dataclasses.replace(
+        result, pairs=[dataclasses.replace(p, a=name(p.a), b=name(p.b)) for p in result.pairs],
+        key=[dataclasses.replace(p, a=name(p.a)) for p in result.key], markers=[name(m) for m in result.markers],
+        skipped=[name(s) for s in result.skipped])
 
 
 def _ranked(pairs: list[Pair]) -> list[Pair]:

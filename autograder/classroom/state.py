@@ -45,28 +45,26 @@ def save_state(out: Path, students: dict) -> None:
 @dataclass(frozen=True)
 class Plan:
     todo: list[Student]
-    kept: list[Student]
+    kept: list[Student]         # results kept from an earlier run
     stamps: dict[str, list]
+    stale: list[str] = ()       # of ``kept``: left by --only though missing or older than their files
 
 
 def plan(students: list[Student], out: Path, state: dict, key: str, restart: bool,
          only: frozenset[str] | None = None) -> Plan:
     """Who needs grading: with ``only``, exactly those students, whatever their results (the
-    others are left as they are); else everyone with ``restart``, else those without a valid
-    results file graded from their present files under ``key``."""
-    todo, kept, stamps = [], [], {}
+    others are left as they are, the stale ones named); else everyone with ``restart``, else
+    those without a valid results file graded from their present files under ``key``."""
+    todo, kept, stale, stamps = [], [], [], {}
     for s in students:
         stamps[s.id] = stamp(s)
-        if only is not None:
-            fresh = s.id not in only
+        current = state.get(s.id) == {"run": key, "stamp": stamps[s.id]} and read_results(out, s.id) is not None
+        if only is not None and s.id not in only:
+            kept.append(s)
+            if not current:
+                stale.append(s.id)
+        elif only is None and current and not restart:
+            kept.append(s)
         else:
-            fresh = not restart and state.get(s.id) == {"run": key, "stamp": stamps[s.id]} \
-                and read_results(out, s.id) is not None
-        (kept if fresh else todo).append(s)
-    return Plan(todo, kept, stamps)
-
-
-def stale(students: list[Student], out: Path, state: dict, key: str, stamps: dict[str, list]) -> list[str]:
-    """The students whose results are missing or older than their files (left so by ``--only``)."""
-    return [s.id for s in students
-            if state.get(s.id) != {"run": key, "stamp": stamps[s.id]} or read_results(out, s.id) is None]
+            todo.append(s)
+    return Plan(todo, kept, stamps, stale)

@@ -12,11 +12,17 @@ are functions, and the class tests see them come out of real gradings). An exerc
   remaining checks of the exercise did not run;
 * ``refused``: there was no file to grade (a link, a folder, not UTF-8, ...);
 * ``grader failure``: the grader failed on this student (no results file; rerun to retry).
+
+The reason is empty for a normal grading: every exercise graded, except that Part II's exercises
+(optional, bonus) may be not attempted. The grader stages every submission as ``submission.py``
+(sandbox.Sandbox.add), so an import error names that file; the reason names the student's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from assignment.contract import is_bonus
 
 from ..grade import HIDDEN_FEEDBACK
 from .grading import FAILED, REFUSED
@@ -40,6 +46,7 @@ TIMED_OUT = "took longer than its time limit"                      # sandbox.Wor
 NO_MEMORY = ("ran out of memory", "likely over the memory cap")    # grade._run_check, sandbox._death_reason
 HIDDEN_PREFIX = "failed on the hidden inputs"                       # grade._hidden_feedback
 SYNTAX = ("raised SyntaxError", "raised IndentationError", "raised TabError")
+STAGED = "submission.py"                                            # sandbox.Sandbox.add
 
 
 def feedback_of(test: dict) -> str:
@@ -75,9 +82,11 @@ class StudentStatus:
     reason: str                 # empty when every exercise was graded normally
 
 
-def student_status(data: dict | None, status: str, failure: str | None, numbers: list[int]) -> StudentStatus:
+def student_status(data: dict | None, status: str, failure: str | None, numbers: list[int],
+                   file: str = "") -> StudentStatus:
     """The per-exercise statuses and the reason of one student. ``status`` is grading.status_of's,
-    ``failure`` the grader's failure reason when there is no results file."""
+    ``failure`` the grader's failure reason when there is no results file, ``file`` the student's
+    file as the TA knows it (the reason names it instead of the staged copy's name)."""
     if data is None:
         kind = GRADER_FAILURE if failure is not None else NOT_GRADED
         reason = f"{GRADER_FAILURE}: {failure}" if failure is not None else "not graded yet: rerun to grade"
@@ -92,19 +101,21 @@ def student_status(data: dict | None, status: str, failure: str | None, numbers:
         if n not in found or ORDER.index(s) < ORDER.index(found[n]):
             found[n], first_words[n] = s, fb.split("\n", 1)[0]
     statuses = {n: found.get(n, NOT_GRADED) for n in numbers} | found
-    return StudentStatus(statuses, _reason(statuses, first_words))
+    return StudentStatus(statuses, _reason(statuses, first_words, file))
 
 
-def _reason(statuses: dict[int, str], words: dict[int, str]) -> str:
-    off = {n: s for n, s in statuses.items() if s != GRADED}
+def _reason(statuses: dict[int, str], words: dict[int, str], file: str = "") -> str:
+    # An optional part left blank is a normal grading; attempted, it counts like any exercise.
+    counted = {n: s for n, s in statuses.items() if not (is_bonus(n) and s == NOT_ATTEMPTED)} or statuses
+    off = {n: s for n, s in counted.items() if s != GRADED}
     if not off:
         return ""
     kinds = set(off.values())
-    if len(off) == len(statuses) and len(kinds) == 1:
+    if len(off) == len(counted) and len(kinds) == 1:
         kind = kinds.pop()
         if kind in (SYNTAX_ERROR, IMPORT_ERROR):  # the file as a whole: say what the import raised
             detail = words[next(iter(off))].removeprefix(IMPORT_FAILED)
-            return f"{kind}: {detail}"
+            return f"{kind}: {detail.replace(STAGED, file) if file else detail}"
         return f"{kind} (every exercise)"
     return "; ".join(f"{_name(n)} {s}" for n, s in sorted(off.items(), key=lambda item: (item[0] == 0, item[0])))
 

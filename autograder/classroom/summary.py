@@ -1,8 +1,11 @@
 """summary.md: what a TA reads first, built from the gradebook alone.
 
-Class size and totals, the score distribution (text, and a PNG beside the summary when
-matplotlib is importable), per-exercise means, every student who did not get a normal grading
-with the reason, mistakes by kind, and every entry of the submissions folder that was not graded.
+Class size and totals (Part I's, out of the gradebook's ``max``, and what the optional Part II's
+bonus adds), the score distribution (text, and a PNG beside the summary when matplotlib is
+importable), per-exercise means, every student who did not get a normal grading with the reason,
+mistakes by kind, the files to upload and who is not in them, and every entry of the submissions
+folder that was not graded. Students are named by their key and, where the platform gives one,
+their name.
 
 Mistakes by kind group the class by what the grader recognised: for each exercise, each hint it
 gave (a known mistake: flipped sign, unmasked mean, ...) and, for failures without a hint, the
@@ -19,7 +22,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from assignment.contract import exercise as contract_exercise
+from assignment.contract import exercise as contract_exercise, is_bonus
 
 from .discovery import Notice
 from .gradebook import Gradebook, Row, number_text, exercise_column
@@ -79,7 +82,7 @@ def mistakes(book: Gradebook) -> list[Mistake]:
             if not visible:
                 kinds = {_hidden_kind(row.feedback.get(k, "")) for k in failed}
             for kind in kinds:
-                found.setdefault((number, kind), set()).add(row.student)
+                found.setdefault((number, kind), set()).add(label(row))
     order = {n: i for i, n in enumerate(book.exercises)}
     return [Mistake(n, kind, tuple(sorted(who))) for (n, kind), who in
             sorted(found.items(), key=lambda item: (order[item[0][0]], -len(item[1]), item[0][1]))]
@@ -126,18 +129,31 @@ def write_png(bins: list[tuple[float, float, int]], path: Path) -> bool:
     return True
 
 
+def label(row: Row) -> str:
+    """A student as the summary names them: the key, and the name where the platform gives one."""
+    name = row.extra.get("name", "")
+    return f"{row.student} ({name})" if name and name != row.student else row.student
+
+
 def summary_markdown(book: Gradebook, notices: list[Notice] = (), png: str | None = None,
-                     absent: list[str] = ()) -> str:
+                     absent: list[str] = (), source: str = "", uploads: list[str] = ()) -> str:
+    """``source``: what the submissions folder is (a platform's export); ``uploads``: lines on
+    the files to upload (upload.py) and who is not in them."""
     scored = [r for r in book.rows if r.total is not None]
     graded = [r for r in scored if r.status == GRADED]
     failed = [r for r in book.rows if r.status.startswith(FAILED)]
     refused = [r for r in scored if r.status.startswith(REFUSED)]
-    lines = ["# Gradebook summary", "",
+    lines = ["# Gradebook summary", "", *([f"- Submissions: {source}"] if source else []),
              f"- Students: {len(book.rows)} (graded {len(graded)}, refused {len(refused)}, grader failed {len(failed)})"]
     if scored:
-        out_of = max(r.max_score for r in scored)
+        out_of = book.out_of
         lines.append(f"- Total over the {len(scored)} with a result: mean {statistics.mean(r.total for r in scored):.2f}, "
                      f"median {number_text(statistics.median(r.total for r in scored))} (out of {number_text(out_of)})")
+        if book.bonus_out_of is not None:
+            tried = [r for r in scored if any(is_bonus(n) and r.statuses.get(n) == EXERCISE_GRADED for n in book.exercises)]
+            lines.append(f"- Part II (optional) adds a bonus of up to {number_text(book.bonus_out_of)} points beyond the "
+                         f"{number_text(out_of)}: attempted by {len(tried)}"
+                         + (f", mean bonus {statistics.mean(r.bonus or 0.0 for r in tried):.2f} among them" if tried else ""))
         lines += ["", "## Score distribution", ""]
         if png:
             lines += [f"![score distribution]({png})", ""]
@@ -152,6 +168,8 @@ def summary_markdown(book: Gradebook, notices: list[Notice] = (), png: str | Non
             lines.append(f"| {exercise_column(n)} | {exercise_title(n)} | {mean:.2f} | {number_text(top)} | {attempted} |")
     lines += _reasons(book.rows, absent)
     lines += _mistakes(book, graded)
+    if uploads:
+        lines += ["", "## Grades to upload", "", *(f"- {line}" for line in uploads)]
     lines += _notices(notices)
     return "\n".join(lines) + "\n"
 
@@ -159,12 +177,14 @@ def summary_markdown(book: Gradebook, notices: list[Notice] = (), png: str | Non
 def _reasons(rows: list[Row], absent: list[str]) -> list[str]:
     off = [r for r in rows if r.reason and r.student not in absent]
     if not off and not absent:
-        return ["", "## Students without a normal grading", "", "None: every exercise of every student was graded."]
+        return ["", "## Students without a normal grading", "",
+                "None: every exercise of every student was graded (Part II, optional, may be left blank)."]
     lines = ["", "## Students without a normal grading", "",
              "Refused files got 0 and the reason in their results; after a grader failure (no results file)",
-             "rerun the same command to retry.", "", "| student | reason |", "|---|---|"]
-    lines += [f"| {r.student} | {_cell(r.reason)} |" for r in off]
-    lines += [f"| {sid} | no submission (in the roster) |" for sid in absent]
+             "rerun the same command to retry. Leaving the optional Part II blank is a normal grading.", "",
+             "| student | reason |", "|---|---|"]
+    lines += [f"| {_cell(label(r))} | {_cell(r.reason)} |" for r in off]
+    lines += [f"| {_cell(label(r))} | no submission (in the roster) |" for r in rows if r.student in absent]
     return lines
 
 
@@ -185,7 +205,8 @@ def _notices(notices: list[Notice]) -> list[str]:
     if not notices:
         return []
     return ["", "## Entries not graded, or graded under a bent name", "",
-            "The rule: `NAME.py` or a folder `NAME/` with `exercises.py` (or one .py file) per student (README).", "",
+            "The rule: `NAME.py` or a folder `NAME/` with `exercises.py` (or one .py file) per student, or a "
+            "platform's export as the platform writes it (README).", "",
             *(f"- `{n.entry}`: {n.why}" for n in notices)]
 
 
