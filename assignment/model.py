@@ -42,17 +42,19 @@ class PolicyWithValueHead(nn.Module):
 
         ``logits_to_keep`` > 0 (the trainer's rollout, never the update) computes the logits of
         the last ``logits_to_keep`` columns only: (B, logits_to_keep, V).
+
+        The transformer runs without its LM head (``hidden_states``), then the head: the same
+        products as the LM's own forward, without transformers' capture of every layer's output,
+        which a compiled transformer (model.compile) could not trace. A sharded LM (FSDP) runs its
+        own forward: FSDP gathers the head's weights only there.
         """
-        out = self.lm(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            output_hidden_states=True,
-            use_cache=False,
-            logits_to_keep=logits_to_keep,
-        )
-        hidden = out.hidden_states[-1]  # (B, L, H)
-        return out.logits, self.values(hidden)
+        if _is_sharded(self.lm):
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=position_ids_from_mask(attention_mask), output_hidden_states=True,
+                          use_cache=False, logits_to_keep=logits_to_keep)
+            return out.logits, self.values(out.hidden_states[-1])
+        hidden, values = self.hidden_states(input_ids, attention_mask)  # (B, L, H), (B, L)
+        return self.lm_head(hidden[:, -logits_to_keep:] if logits_to_keep else hidden), values
 
     def values(self, hidden: torch.Tensor) -> torch.Tensor:
         """The value head on the last hidden states (B, L, H) -> values (B, L), in float32."""
@@ -69,6 +71,16 @@ class PolicyWithValueHead(nn.Module):
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head: hidden states (..., H) -> logits (..., V)."""
         return self.lm.get_output_embeddings()(hidden)
+
+
+def _is_sharded(module: nn.Module) -> bool:
+    """True for a module FSDP2 shards (only possible once torch.distributed is initialised: the
+    FSDP import is left to the jobs that use it)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 def tiny_llama(vocab_size: int = 64, hidden_size: int = 32, num_layers: int = 2, seed: int = 0,

@@ -23,7 +23,7 @@ from assignment.trainer.ppo import KLController, UpdateConfig, first_kl_toleranc
 from assignment.trainer.rollout import (ReferenceForward, collect, generate, generation_copy, head_apart, refresh_copy, render_prompts,
                                        response_forward, response_mask_from_ids, sample)
 from assignment.helpers import logprobs_from_logits
-from assignment.trainer import attention, loop
+from assignment.trainer import attention, loading, loop
 from assignment.trainer import rollout as rollout_module
 from assignment.trainer.loop import FINISHED, TIME_LIMIT, RunDirError, train
 from assignment.trainer.runlog import read_jsonl
@@ -568,6 +568,38 @@ def test_the_scoring_forward_by_length_gives_the_whole_batch_forward():
         assert float((ref_logprobs - expected)[response_mask].abs().max()) <= tolerance and none is None
         assert float((got_values - expected_values)[response_mask].abs().max()) <= tolerance
     assert float(expected_values[response_mask].abs().min()) > 0  # the values are compared, not zeros
+
+
+def test_the_compiled_transformer_gives_the_eager_forward_and_gradients():
+    """model.compile (loading.compile_layers): the whole transformer as one dynamo graph, gradient
+    checkpointing inside, with no graph break and no recompilation across lengths; the policy's
+    logits, values and gradients are the eager ones (aot_eager runs the traced graph with eager
+    kernels: here bit for bit), and eager_layers takes the compiled forward out and puts it back."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    lm = tiny_llama(vocab_size=40, hidden_size=16, num_layers=2).train()
+    (getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable)()
+    eager, compiled = PolicyWithValueHead(lm), PolicyWithValueHead(copy.deepcopy(lm))
+    compiled.load_state_dict(eager.state_dict())
+    loading.compile_layers(compiled.lm, backend="aot_eager")
+    for length in (7, 9, 12):
+        ids = torch.randint(1, 40, (3, length), generator=torch.Generator().manual_seed(length))
+        mask = torch.ones_like(ids)
+        mask[0, :2] = 0
+        results = []
+        for policy in (eager, compiled):
+            policy.zero_grad()
+            logits, values = policy(ids, mask)
+            (logits.logsumexp(-1).mean() + values.mean()).backward()
+            results.append([logits.detach(), values.detach(), *(p.grad for p in policy.parameters())])
+        assert all(torch.equal(a, b) for a, b in zip(*results))
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert "forward" in vars(compiled.lm.base_model)
+    with loading.eager_layers(compiled.lm):
+        assert "forward" not in vars(compiled.lm.base_model)
+    assert "forward" in vars(compiled.lm.base_model)
 
 
 def test_the_head_runs_apart_only_where_the_logits_are_its_product():
