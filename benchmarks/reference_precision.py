@@ -14,15 +14,20 @@ Method. Loads the config's model with the trainer's loader (GGUF dequantized to 
 first ``--n`` problems of its first training batch (``training_batch``, step 0), rendered with
 ``render_prompts`` as the trainer does. Responses are one of
     sample     sampled by the float32 model with the config's rollout settings (temperature 1:
-               what the recipe's rollouts are), through the trainer's own ``rollout.sample``;
+               what the recipe's rollouts are), through the trainer's own ``rollout.sample``
+               (the trainer samples from a bfloat16 copy; the responses' distribution is the
+               same model's either way);
     greedy     the same, greedy;
     reference  GSM8K's gold solution teacher-forced as the response, then EOS (no generation:
                for machines too slow to sample; off-distribution text, so expect larger errors).
 Each (prompt + response) is then scored by ``rollout.response_forward(ReferenceForward(ref))``,
-the trainer's reference scoring, once with the float32 reference and once with a copy whose
-*parameters* are cast to each low-precision dtype (buffers such as RoPE's ``inv_freq`` stay
-float32, as ``rollout.generation_copy`` keeps them). The logits are upcast to float32 before the
-log-softmax in every case (``logprobs_from_logits``), so the difference is the forward pass's.
+the trainer's reference scoring, once with the float32 reference (true float32: TF32 off) and
+once with a copy made as the trainer makes it for ``model.reference_dtype``
+(``loading.reference_model``: parameters cast, buffers such as RoPE's ``inv_freq`` kept float32). The logits are upcast to
+float32 before the log-softmax in every case (``logprobs_from_logits``), so the difference is the
+forward pass's.
+On CUDA one more row scores the float32 reference with TF32 matmuls, as the trainer runs it there
+(``torch.set_float32_matmul_precision("high")`` in loop.py): the error the trainer already accepts.
 
 Reading the figures. Per response token, delta = ref_logprob(float32) - ref_logprob(dtype): the
 amount by which the low-precision reference *raises* the k1 term ``logprobs_old - ref_logprobs``
@@ -40,7 +45,6 @@ GPU training; the rounding of the weights and activations themselves is the same
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import platform
 import shlex
@@ -58,20 +62,10 @@ import transformers  # noqa: E402
 
 from assignment.model import PolicyWithValueHead  # noqa: E402
 from assignment.trainer.config import load_config  # noqa: E402
-from assignment.trainer.data import load_problems, training_batch  # noqa: E402
-from assignment.trainer.loading import load_lm, load_tokenizer, reference_model  # noqa: E402
+from assignment.trainer.data import load_problems, read_jsonl_records, training_batch  # noqa: E402
+from assignment.trainer.loading import DTYPES, load_lm, load_tokenizer, reference_model  # noqa: E402
 from assignment.trainer.rollout import (ReferenceForward, encode_prompts, eos_token_ids, render_prompts,  # noqa: E402
                                         response_forward, sample)
-
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cast_parameters(ref: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
-    """A copy of the frozen reference with its parameters (not its buffers) in ``dtype``."""
-    low = copy.deepcopy(ref)
-    for param in low.parameters():
-        param.data = param.data.to(dtype)
-    return low
 
 
 def sampled_batch(lm, tokenizer, prompts, rollout_cfg, greedy: bool):
@@ -85,7 +79,8 @@ def sampled_batch(lm, tokenizer, prompts, rollout_cfg, greedy: bool):
 def teacher_forced_batch(lm, tokenizer, prompts, solutions, rollout_cfg, device):
     """(input_ids, attention_mask, P) with each gold solution (+ EOS) as the response, right-padded."""
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, rollout_cfg.max_prompt_tokens, device)
-    eos = eos_token_ids(lm, tokenizer)[0]
+    # The tokenizer's EOS ends a chat turn (Qwen: <|im_end|>); else the model's first EOS id.
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else eos_token_ids(lm, tokenizer)[0]
     rows = [tokenizer(s, add_special_tokens=False)["input_ids"][: rollout_cfg.max_new_tokens - 1] + [eos]
             for s in solutions]
     T = max(map(len, rows))
@@ -118,17 +113,32 @@ def cpu_name() -> str:
     return platform.processor() or "unknown CPU"
 
 
-def main() -> None:
+RESPONSE_SOURCES = {
+    "sample": "sampled by the float32 model at the config's temperature (the trainer's `rollout.sample`)",
+    "greedy": "greedy responses of the float32 model (the trainer's `rollout.sample`)",
+    "reference": "GSM8K's gold solutions teacher-forced as responses (+ EOS)",
+}
+
+
+def gold_solutions(cfg, questions: list[str]) -> list[str]:
+    """The GSM8K train solution of each question, from ``data.local_dir``."""
+    if not cfg.data.local_dir:
+        raise SystemExit("--responses reference needs data.local_dir (GSM8K_DIR) with train.jsonl")
+    solutions = {r["question"]: r["answer"] for r in read_jsonl_records(Path(cfg.data.local_dir) / "train.jsonl")}
+    return [solutions[q] for q in questions]
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/gsm8k_qwen_coder.yaml")
     parser.add_argument("--n", type=int, default=32, help="problems (one response each)")
-    parser.add_argument("--responses", choices=("sample", "greedy", "reference"), default="sample")
+    parser.add_argument("--responses", choices=tuple(RESPONSE_SOURCES), default="sample")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--chunk", type=int, default=4, help="rows per scoring forward (the logits are chunk x T x V float32)")
     parser.add_argument("--dtypes", default="bfloat16,float16")
     parser.add_argument("--out", default="reports/performance/reference_precision.md")
     parser.add_argument("overrides", nargs="*", help="config key=value overrides (rollout.max_new_tokens=..., ...)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     started = time.perf_counter()
     cfg = load_config(args.config, args.overrides)
@@ -142,34 +152,38 @@ def main() -> None:
     print(f"loaded in {time.perf_counter() - started:.0f} s", flush=True)
 
     t0 = time.perf_counter()
+    torch.set_float32_matmul_precision("highest")  # true float32 (no TF32) for the sampler and the baseline
     if args.responses == "reference":
-        solutions = {r["question"]: r["answer"] for r in _gsm8k_train_records(cfg)}
-        input_ids, mask, P = teacher_forced_batch(lm, tokenizer, prompts, [solutions[p.question] for p in problems],
-                                                  cfg.rollout, device)
+        solutions = gold_solutions(cfg, [p.question for p in problems])
+        input_ids, mask, P = teacher_forced_batch(lm, tokenizer, prompts, solutions, cfg.rollout, device)
     else:
         input_ids, mask, P = sampled_batch(lm, tokenizer, prompts, cfg.rollout, args.responses == "greedy")
     response_mask = mask[:, P:].bool()
     lengths = response_mask.sum(dim=-1).float()
     print(f"responses ({args.responses}) in {time.perf_counter() - t0:.0f} s: mean {lengths.mean():.0f} tokens, "
           f"max {lengths.max():.0f}", flush=True)
-
     ref = reference_model(lm)
     del lm
 
-    def score(model) -> torch.Tensor:
+    def score(model: torch.nn.Module, matmul_precision: str = "highest") -> torch.Tensor:
         t = time.perf_counter()
+        torch.set_float32_matmul_precision(matmul_precision)
         with torch.no_grad():
             lp, _ = response_forward(ReferenceForward(model), input_ids, mask, P, cfg.rollout.temperature, args.chunk,
                                      cfg.rollout.logits_chunk_tokens)
+        torch.set_float32_matmul_precision("highest")
         print(f"  scored in {time.perf_counter() - t:.0f} s", flush=True)
         return lp.float()
 
     print("float32", flush=True)
     ref32 = score(ref)
     rows = {}
+    if device.type == "cuda":  # the trainer's float32 reference on CUDA runs its matmuls in TF32 (loop.py)
+        print("float32 + TF32", flush=True)
+        rows["float32 + TF32 (the trainer on CUDA)"] = error_stats(ref32, score(ref, "high"), response_mask)
     for name in args.dtypes.split(","):
         print(name, flush=True)
-        low = cast_parameters(ref, DTYPES[name])
+        low = reference_model(ref, DTYPES[name])  # the trainer's model.reference_dtype cast
         rows[name] = error_stats(ref32, score(low), response_mask)
         del low
     elapsed = time.perf_counter() - started
@@ -188,11 +202,11 @@ def main() -> None:
         f"{RESPONSE_SOURCES[args.responses]}, up to {cfg.rollout.max_new_tokens} tokens "
         f"(mean {lengths.mean():.0f}, max {lengths.max():.0f}; {int(lengths.sum())} response tokens in all).",
         "",
-        "delta = ref log-prob in float32 - in the dtype, per response token: what the low-precision reference adds "
+        "delta = ref log-prob in float32 (no TF32) - in the variant, per response token: what that reference adds "
         "to `logprobs_old - ref_logprobs`. Per response, its sum is the error in `rollout/kl` (nats); "
         f"times kl.coeff = {coeff}, the error in that response's reward.",
         "",
-        "| reference dtype | mean abs delta / token | max abs delta / token | bias: mean sum delta / response (nats) "
+        "| reference | mean abs delta / token | max abs delta / token | bias: mean sum delta / response (nats) "
         "| std of sum delta / response (nats) | max abs sum delta | penalty error, kl.coeff x std | non-finite tokens |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -200,27 +214,11 @@ def main() -> None:
         lines.append(f"| {name} | {s['mean_abs']:.4f} | {s['max_abs']:.3f} | {s['bias']:+.3f} | {s['std']:.3f} "
                      f"| {s['max_seq']:.3f} | {coeff * s['std']:.1e} | {s['nonfinite']} of {s['tokens']} |")
     lines += ["", "For scale: the recipe's `rollout/kl` reaches ~28 nats per response by its last steps "
-              "(reports/gsm8k_qwen_coder.md), its penalty ~0.03 of reward; a correct answer earns 1.", ""]
+              "(reports/gsm8k_qwen_coder.md), a penalty of ~0.03 in reward; a correct answer earns 1.", ""]
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
     print("\n".join(lines))
-
-
-RESPONSE_SOURCES = {
-    "sample": "sampled by the float32 model at the config's temperature (the trainer's `rollout.sample`)",
-    "greedy": "greedy responses of the float32 model (the trainer's `rollout.sample`)",
-    "reference": "GSM8K's gold solutions teacher-forced as responses (+ EOS)",
-}
-
-
-def _gsm8k_train_records(cfg) -> list[dict]:
-    """The raw GSM8K train records (question and gold solution) from ``data.local_dir``."""
-    from assignment.trainer.data import read_jsonl_records
-
-    if not cfg.data.local_dir:
-        raise SystemExit("--responses reference needs data.local_dir (GSM8K_DIR) with train.jsonl")
-    return read_jsonl_records(Path(cfg.data.local_dir) / "train.jsonl")
 
 
 if __name__ == "__main__":

@@ -160,3 +160,16 @@ def test_the_small_card_profiles_run_on_cpu_and_report_their_cap(staged, capsys,
     assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
     summary = json.loads((out.with_suffix("") / "summary.json").read_text())
     assert summary["memory_cap_gib"] == [None]  # CPU: run.json records no cap where none applies
+
+
+def test_the_reference_precision_benchmark_runs_on_the_staged_layout(staged):
+    """benchmarks/reference_precision.py as documented, on the tiny GGUF (teacher-forced gold
+    solutions, 2 problems): a table row per dtype, every response token finite."""
+    from assignment.trainer.impl import load_module
+
+    bench = load_module(ROOT / "benchmarks" / "reference_precision.py", "reference_precision")
+    out = staged / "reference_precision.md"
+    bench.main(["--config", str(CONFIG), "--n", "2", "--responses", "reference", "--out", str(out),
+                "rollout.max_new_tokens=6"])
+    text = out.read_text()
+    assert "| bfloat16 |" in text and "| float16 |" in text and "0 of" in text
