@@ -12,7 +12,7 @@ from assignment.trainer.config import ConfigError, load_config
 from assignment.trainer.impl import ImplError, load_module
 from assignment.trainer.loop import train
 from assignment.trainer.ppo import UpdateConfig
-from tests.test_trainer import REFERENCE, TINY
+from tests.test_trainer import REFERENCE, TINY, first_kl_tolerances
 
 GRPO_TINY = ["algorithm=grpo", "rollout.group_size=4", "kl.coeff=0.05"]
 
@@ -97,17 +97,19 @@ def test_a_submission_without_part_two_cannot_run_grpo(tmp_path):
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo"])
-def test_a_short_grpo_run_logs_what_ppo_logs_and_no_critic(tmp_path, algorithm):
+def test_a_short_grpo_run_logs_what_ppo_logs_and_no_critic(tmp_path, monkeypatch, algorithm):
     cfg = load_config(None, [*TINY, f"algorithm={algorithm}", "rollout.group_size=4", "kl.coeff=0.05",
                              f"train.output_dir={tmp_path / 'run'}"])
     impl = load_module(REFERENCE)
+    tolerances = first_kl_tolerances(monkeypatch)
     result = train(cfg, impl)
     assert [m["step"] for m in result.metrics] == [1, 2, 3]
-    for m in result.metrics:
+    for m, tolerance in zip(result.metrics, tolerances, strict=True):
         assert {"rollout/reward_mean", "rollout/response_length", "rollout/kl", "loss/kl", "loss/policy",
                 "rollout/zero_spread_groups", "stats/approx_kl_first"} <= set(m)
         assert "rollout/value_mean" not in m and m["loss/value"] == 0.0  # values_old = returns = 0, head at 0
-        assert abs(m["stats/approx_kl_first"]) < 1e-5  # the first minibatch's ratio is still 1
+        # the first minibatch's ratio is still 1, up to float rounding (measured: exactly 0)
+        assert abs(m["stats/approx_kl_first"]) <= tolerance
     samples = result.samples
     assert samples and samples[0]["question"] == samples[1]["question"]  # num_samples 2 of one group
 
