@@ -38,6 +38,7 @@ from assignment.trainer.impl import load_impl
 from assignment.trainer.loading import build_models, load_tokenizer
 from assignment.trainer.ppo import UpdateConfig, kl_penalties, ppo_update
 from assignment.trainer.rollout import ReferenceForward, Rollout, Sample, response_forward
+from token_gradients import token_gradient_magnitudes  # tests/, the folder of this script
 
 ROOT = Path(__file__).resolve().parents[1]
 B, P, T = 4, 3, 5  # global rows, prompt columns, response columns
@@ -82,29 +83,6 @@ def sgd_step(policy: torch.nn.Module, grads: dict[str, torch.Tensor]) -> dict[st
         p.grad = grads.get(name)
     torch.optim.SGD(policy.parameters(), lr=LR).step()
     return {name: p.detach().clone() for name, p in policy.state_dict().items()}
-
-
-def token_gradient_magnitudes(impl, policy: torch.nn.Module, part: Rollout, advantages: torch.Tensor,
-                              cfg) -> dict[str, torch.Tensor]:
-    """{name: (1/n) sum_t |grad of l_t|} over the n real tokens t of the batch, where l_t is the
-    loss of exercise 5 on token t alone (its response mask one-hot at t): exercise 5's loss is the
-    token mean (1/n) sum_t l_t, so its gradient is the sum of these terms, of which this is the
-    sum of magnitudes. Each l_t comes from the student-facing exercise 5 itself (never stepping)."""
-    batch = part.update_batch(advantages, part.values)
-    update_cfg = UpdateConfig.from_config(cfg)
-    optimizer = torch.optim.SGD(policy.parameters(), lr=LR)  # exercise 5's argument; never stepped
-    mask = batch["response_mask"].bool()
-    sums = {name: torch.zeros_like(p) for name, p in policy.named_parameters()}
-    for b, t in mask.nonzero().tolist():
-        one = torch.zeros_like(mask)
-        one[b, t] = True
-        impl.ppo_minibatch_update(policy, optimizer, {**batch, "response_mask": one.to(batch["response_mask"].dtype)},
-                                  update_cfg, False)
-        for name, p in policy.named_parameters():
-            if p.grad is not None:
-                sums[name] += p.grad.abs()
-        optimizer.zero_grad(set_to_none=True)
-    return {name: s / int(mask.sum()) for name, s in sums.items()}
 
 
 def main(out: Path) -> None:
@@ -159,7 +137,9 @@ def main(out: Path) -> None:
         # What DDP's all-reduce hands each process: the sum of the two gradients, divided by 2.
         result["weights_averaged"] = sgd_step(build_models(cfg.model, tokenizer, 0, torch.device("cpu"))[0],
                                               {name: (a + b) / 2 for name, (a, b) in result["grads_halves"].items()})
-        result["magnitudes"] = token_gradient_magnitudes(impl, *update_inputs(slice(0, B)), cfg)
+        policy_all, part_all, adv_all = update_inputs(slice(0, B))
+        result["magnitudes"] = token_gradient_magnitudes(impl, policy_all, part_all.update_batch(adv_all, part_all.values),
+                                                         UpdateConfig.from_config(cfg))
     result["lr"] = LR
 
     # Evaluation: 7 problems in batches of 3, each batch split over the processes.

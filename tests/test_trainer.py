@@ -94,14 +94,21 @@ def test_slice_alignment_ratio_is_one_at_the_first_minibatch(rollout_setup):
     opt = torch.optim.SGD(policy.parameters(), lr=0.0)
     metrics = SOLUTION.ppo_minibatch_update(policy, opt, mb, UpdateConfig.from_config(cfg), step_optimizer=False)
     opt.zero_grad()
-    assert abs(metrics["stats/approx_kl"]) < 1e-6 and metrics["stats/policy_clipfrac"] == 0.0
-    # The check can fail: slicing one position late does not reproduce the log-probs.
+    # "Exactly 1" up to float rounding: the rollout computed logprobs_old from batches of other
+    # shapes (chunks by length), so the sums of the forward may run in another order; approx_kl,
+    # a token mean of the differences, is bounded by ppo.first_kl_tolerance (derived there from
+    # the lengths of those sums). Measured: exactly 0 on an AMD EPYC, vector and scalar kernels.
+    # A ratio within rounding of 1 is far inside [0.8, 1.2]: the clip fraction is exactly 0.
+    real = mb["response_mask"].bool()
+    tolerance = first_kl_tolerance(policy, float(mb["logprobs_old"][real].abs().max()))
+    assert abs(metrics["stats/approx_kl"]) <= tolerance and metrics["stats/policy_clipfrac"] == 0.0
+    # The check can fail: slicing one position late gives an approx_kl outside it (measured 13x).
     P, T = mb["prompt_length"], mb["response_ids"].shape[1]
     with torch.no_grad():
         logits, _ = policy(mb["input_ids"], mb["attention_mask"])
     late = torch.log_softmax(logits[:, P:P + T].float() / cfg.rollout.temperature, -1)
     late = late.gather(-1, mb["response_ids"].unsqueeze(-1)).squeeze(-1)
-    assert (late - mb["logprobs_old"])[mb["response_mask"]].abs().max() > 1e-3
+    assert abs(float((mb["logprobs_old"] - late)[real].mean())) > tolerance
 
 
 def test_trim_padding_keeps_the_log_probs(rollout_setup):
@@ -115,7 +122,10 @@ def test_trim_padding_keeps_the_log_probs(rollout_setup):
     lp = torch.log_softmax(response_slice(logits, P, T) / cfg.rollout.temperature, -1)
     lp = lp.gather(-1, trimmed["response_ids"].unsqueeze(-1)).squeeze(-1)
     m = trimmed["response_mask"]
-    assert torch.allclose(lp[m], trimmed["logprobs_old"][m], atol=1e-5)
+    # The rollout's log-probs came from batches of other shapes: equal within ppo.first_kl_tolerance
+    # per token (measured: at most 0.0016 of it on an AMD EPYC, vector and scalar kernels).
+    tolerance = first_kl_tolerance(policy, float(trimmed["logprobs_old"][m].abs().max()))
+    assert float((lp[m] - trimmed["logprobs_old"][m]).abs().max()) <= tolerance
 
 
 def test_response_slice_is_the_columns_that_predict_the_response():
@@ -228,15 +238,20 @@ def test_length_grouped_cycles_step_on_the_token_mean_of_all_their_rows(monkeypa
     """With ppo.length_grouping an optimizer step over 4 minibatches of 2 rows moves the weights
     exactly as one minibatch of all 8 rows would: the gradient of their token mean. Without the
     token-share weights the same grouping steps elsewhere (the test can fail)."""
+    from token_gradients import token_gradient_magnitudes
+
     lengths = [1, 7, 2, 7, 3, 6, 1, 5]
+
+    def config(minibatch_size, accum, grouping):
+        return load_config(None, TINY + ["rollout.batch_size=8", f"ppo.minibatch_size={minibatch_size}",
+                                         f"ppo.grad_accum_steps={accum}", "ppo.epochs=1", "ppo.max_grad_norm=1e9",
+                                         "ppo.vf_coeff=0.5", "ppo.entropy_coeff=0.01", "rollout.temperature=1.0",
+                                         f"ppo.length_grouping={grouping}"])
 
     def gradient(minibatch_size, accum, grouping, weights=True):
         policy = float64_policy()
         batch = handmade_batch(policy, lengths)
-        cfg = load_config(None, TINY + ["rollout.batch_size=8", f"ppo.minibatch_size={minibatch_size}",
-                                        f"ppo.grad_accum_steps={accum}", "ppo.epochs=1", "ppo.max_grad_norm=1e9",
-                                        "ppo.vf_coeff=0.5", "ppo.entropy_coeff=0.01", "rollout.temperature=1.0",
-                                        f"ppo.length_grouping={grouping}"])
+        cfg = config(minibatch_size, accum, grouping)
         if not weights:
             monkeypatch.setattr("assignment.trainer.ppo.token_share_weights", lambda epoch, accum: [1.0] * len(epoch))
         grads = {}
@@ -253,16 +268,34 @@ def test_length_grouped_cycles_step_on_the_token_mean_of_all_their_rows(monkeypa
 
     whole = gradient(8, 1, False)
     grouped = gradient(2, 4, True)
-    # Both compute the same sum of per-token gradients, grouped and scaled otherwise (the
-    # weight multiplies a gradient at the parameters, not the loss). The weights are float64,
-    # but transformers' RMSNorm computes in float32 whatever the model's dtype, so the
-    # gradients below the model's three norms carry float32 roundings (u = 2^-24): each
-    # backward through a norm and what follows it rounds ~10 times, so 64u of the gradient's
-    # scale bounds the difference with room (measured: 1.6u).
-    scale = float(whole.abs().max())
-    assert float((grouped - whole).abs().max()) <= 64 * 2.0**-24 * scale
-    unweighted = gradient(2, 4, True, weights=False)
-    assert float((unweighted - whole).abs().max()) > 1e-3 * scale
+    # Both compute the same gradient g = (1/n) sum_t grad l_t of the token mean over the n = 32
+    # real tokens, grouped and scaled otherwise (the weight multiplies a gradient at the
+    # parameters, not the loss). A float sum errs by a multiple of the magnitudes it sums, never
+    # of its own size (the advantages have both signs: the tokens' gradients cancel), so the
+    # bound is elementwise in S = (1/n) sum_t |grad l_t|, each token's gradient from exercise 5
+    # with a one-hot mask. The weights are float64 (their roundings, 2^-53, are 2^-29 of u and
+    # do not count), but transformers' RMSNorm computes in float32 (u = 2^-24) whatever the
+    # model's dtype: forward, the cast, the square, the mean over the hidden size H = 16, the
+    # epsilon, rsqrt (2 roundings) and the product, at most H + 8 roundings; backward through it
+    # the sum over H of products and at most 8 more. A token's gradient passes through the
+    # model's 3 norms, so it carries K <= 3 * 2 * (16 + 8) = 144 roundings, each at most u of its
+    # magnitude (its terms taken no larger than S: the chain count assumes no cancellation inside
+    # one token's gradient; across tokens it is in S). Each side is within K u S of g:
+    #     |grouped - whole| <= 2 K u S   elementwise.
+    # (Measured on an AMD EPYC: at most 0.045 of it with its AVX-512 and AVX2 kernels, 0.035 with
+    # the scalar ones; the bound it replaces, 64 u max|g|, was relative to the largest gradient,
+    # where an element's own |g| would have needed 47,000 u.)
+    policy = float64_policy()
+    magnitudes = token_gradient_magnitudes(SOLUTION, policy, handmade_batch(policy, lengths),
+                                           UpdateConfig.from_config(config(8, 1, False)))
+    bound = 2 * 144 * 2.0**-24 * torch.cat([s.flatten() for s in magnitudes.values()])
+
+    def worst(other):  # the largest ratio of difference to bound (0 where S = 0: both are 0 there)
+        return float(((other - whole).abs() / bound)[bound > 0].max())
+
+    assert bool(((grouped - whole).abs() <= bound).all()), worst(grouped)
+    # Without the token-share weights the same grouping steps elsewhere, far outside the bound.
+    assert worst(gradient(2, 4, True, weights=False)) > 100
 
 
 def test_length_grouping_is_for_ppo_only():
@@ -312,19 +345,22 @@ def test_target_kl_stops_the_update_and_leaves_no_gradient(rollout_setup, approx
         assert metrics["stats/early_stop_minibatch"] == ran - 1 and metrics["stats/early_stop_approx_kl"] > 0.03
 
 
-# How far from 0 the first minibatch's approx_kl may be with a correct implementation, from float32
-# rounding alone. The rollout and the update compute log p = logit - logsumexp(logits) with the
-# same weights on the same tokens, but in batches of other shapes (8 rows with the rollout's
-# padding vs 4 trimmed rows), so sums may run in another order. A float32 sum of n terms is off
-# by at most n * u of the sum of their magnitudes (Higham, Accuracy and Stability of Numerical
-# Algorithms, sec. 3.1), u = 2**-24 = 6.0e-8. The tiny model's longest sum has n = 64 terms (its
-# MLP width; hidden 32, vocabulary 25), and a log-prob passes through ~10 such sums in a chain
-# (2 layers x attention and MLP, the head, the log-sum-exp), each adding at most 64 * u = 3.8e-6
-# of relative error, on values |log p| <= log(25) + 2 * max|logit / temperature| < 5 (the
-# random-init logits stay below 0.5; temperature 0.5 below): |delta log p| <= 10 * 3.8e-6 * 5
-# = 1.9e-4 per token. approx_kl is a token mean of such differences, so it is bounded by the same
-# number. (Measured: exactly 0.0 on CPU; the wrong-temperature bug below gives 1.4e-2 to 2.9e-2.)
-FIRST_KL_TOL = 2e-4
+def first_kl_tolerances(monkeypatch) -> list[float]:
+    """The list that ``train`` then fills, step by step, with how far from 0 the first minibatch's
+    approx_kl may be from float rounding alone: ppo.first_kl_tolerance of the step's rollout (its
+    largest |log p|), the bound above which the loop itself warns. The rollout and the update
+    compute log p with the same weights on the same tokens, but in batches of other shapes, so
+    sums may run in another order; that function derives the bound from the lengths of those
+    sums. (It replaces a constant of 2e-4 that assumed the logits stay below 0.5.)"""
+    tolerances = []
+    warn = loop.warn_first_kl
+
+    def recording(run, step, metrics, logprobs):
+        tolerances.append(first_kl_tolerance(run.policy, float(logprobs.abs().max())))
+        return warn(run, step, metrics, logprobs)
+
+    monkeypatch.setattr(loop, "warn_first_kl", recording)
+    return tolerances
 
 
 class WrongTemperature:
@@ -338,20 +374,24 @@ class WrongTemperature:
         return SOLUTION.ppo_minibatch_update(model, optimizer, minibatch, update_cfg, step_optimizer)
 
 
-def test_the_first_minibatch_stats_are_zero_and_catch_a_misaligned_update(tmp_path):
+def test_the_first_minibatch_stats_are_zero_and_catch_a_misaligned_update(tmp_path, monkeypatch):
     """Every PPO step logs its first minibatch's approx_kl and clip fraction on their own: before
     its optimizer step the ratio is exactly 1, so they read 0 however far the later minibatches
     (and so the step means) have moved. A temperature bug shows at once."""
+    tolerances = first_kl_tolerances(monkeypatch)
     result = train(tiny_cfg(tmp_path / "right", "rollout.temperature=0.5"), SOLUTION)
     first_kls = [m["stats/approx_kl_first"] for m in result.metrics]
-    assert all(abs(kl) <= FIRST_KL_TOL for kl in first_kls), first_kls
+    # Measured: exactly 0 on an AMD EPYC, vector and scalar kernels.
+    assert all(abs(kl) <= tol for kl, tol in zip(first_kls, tolerances, strict=True)), (first_kls, tolerances)
     assert all(m["stats/policy_clipfrac_first"] == 0.0 for m in result.metrics)
-    # The step mean is not that check: it includes minibatches after an optimizer step.
-    assert any(abs(m["stats/approx_kl"]) > 10 * FIRST_KL_TOL for m in result.metrics)
+    # The step mean is not that check: it includes minibatches after an optimizer step (measured 19x-58x).
+    assert any(abs(m["stats/approx_kl"]) > 10 * tol for m, tol in zip(result.metrics, tolerances))
     logged = read_jsonl(result.output_dir / "metrics.jsonl")
     assert [m["stats/approx_kl_first"] for m in logged] == first_kls
+    tolerances.clear()
     broken = train(tiny_cfg(tmp_path / "broken", "rollout.temperature=0.5"), WrongTemperature)
-    assert all(abs(m["stats/approx_kl_first"]) > 10 * FIRST_KL_TOL for m in broken.metrics)
+    # measured 46x-99x
+    assert all(abs(m["stats/approx_kl_first"]) > 10 * tol for m, tol in zip(broken.metrics, tolerances, strict=True))
 
 
 def test_a_bfloat16_sampler_is_refreshed_every_step_and_keeps_the_first_ratio_at_1(tmp_path, monkeypatch):
@@ -370,10 +410,11 @@ def test_a_bfloat16_sampler_is_refreshed_every_step_and_keeps_the_first_ratio_at
 
     monkeypatch.setattr(loop, "refresh_copy", refresh_spy)
     monkeypatch.setattr(rollout_module, "generate", generate_spy)
+    tolerances = first_kl_tolerances(monkeypatch)
     result = train(tiny_cfg(tmp_path, "rollout.generation_dtype=bfloat16", "eval.every=0"), SOLUTION)
     # the greedy evaluations (before and after) use the float32 policy; every rollout the fresh copy
     assert events == [torch.float32] + ["refresh", torch.bfloat16] * 3 + [torch.float32]
-    assert all(abs(m["stats/approx_kl_first"]) <= FIRST_KL_TOL for m in result.metrics)
+    assert all(abs(m["stats/approx_kl_first"]) <= tol for m, tol in zip(result.metrics, tolerances, strict=True))
 
 
 def test_the_small_card_settings_train_and_resume_exactly(tmp_path):
@@ -531,13 +572,17 @@ def test_grouped_decoding_attention_decodes_what_sdpa_decodes(monkeypatch, reque
         decoded = mine.sequences.shape[1] - ids.shape[1] - 1  # tokens after the prefill's
         assert decoded > 0 and steps.count(1) == 2 * decoded  # every decoding step, both layers, went through it
         assert (3, 2, 2, 8) in queries  # (B, H_kv, g, d): the decoding steps' grouped query
-        assert torch.equal(plain.sequences, mine.sequences)
         # The same products and softmax, batched otherwise. The weights are float64 but
         # transformers' RMSNorm rounds to float32, so the bound is first_kl_tolerance's for this
-        # model in float32: the same weights on batches of other shapes.
+        # model in float32: the same weights on batches of other shapes (measured: equal).
         largest = max(float(step.abs().max()) for step in plain.logits)
         tolerance = first_kl_tolerance(PolicyWithValueHead(copy.deepcopy(lm).float()), largest)
         assert max(float((a - b).abs().max()) for a, b in zip(plain.logits, mine.logits)) <= tolerance
+        # The same tokens, because sdpa's two largest logits lie more than 2 * tolerance apart at
+        # every step (measured 8.8x tolerance): no move within it can swap them.
+        margin = min(float((top[:, 0] - top[:, 1]).min()) for top in (step.topk(2, -1).values for step in plain.logits))
+        assert margin > 2 * tolerance, (margin, tolerance)
+        assert torch.equal(plain.sequences, mine.sequences)
 
 
 def test_the_scoring_forward_by_length_gives_the_whole_batch_forward():
@@ -545,7 +590,7 @@ def test_the_scoring_forward_by_length_gives_the_whole_batch_forward():
     LM head on the response columns only: the log-probs and values of one plain forward of the
     whole (B, P+T) batch, within the rounding of batches of other shapes (first_kl_tolerance)."""
     policy = PolicyWithValueHead(tiny_llama(vocab_size=40, hidden_size=16, num_layers=2, seed=1))
-    torch.nn.init.normal_(policy.value_head.weight, std=0.5)
+    torch.nn.init.normal_(policy.value_head.weight, std=0.5, generator=torch.Generator().manual_seed(1))  # the same every run
     P, T, temperature = 5, 6, 0.7
     prompt_lengths, response_lengths = [5, 2, 3, 5, 1, 4, 2], [6, 1, 3, 6, 2, 1, 4]
     gen = torch.Generator().manual_seed(0)
@@ -613,6 +658,22 @@ def test_the_head_runs_apart_only_where_the_logits_are_its_product():
     assert head_apart(lambda ids, mask, keep: None) is None
 
 
+def greedy_margin(policy, responses) -> tuple[float, float]:
+    """(m, tolerance) for greedy ``responses`` of ``policy``: m is the smallest gap between the two
+    largest logits at the positions that chose a real response token, from one forward of the
+    whole sequences; tolerance is ppo.first_kl_tolerance of these logits, how far another batch
+    shape (another cache, padding, a compiled step) may move them. Where m > 2 * tolerance, no such
+    move can swap the two largest, so every way of decoding chooses the same tokens."""
+    ids = torch.cat([responses.prompt_ids, responses.response_ids], dim=1)
+    mask = torch.cat([responses.prompt_mask, responses.response_mask.to(responses.prompt_mask.dtype)], dim=1)
+    with torch.no_grad():
+        logits, _ = policy(ids, mask)
+    P, T = responses.prompt_ids.shape[1], responses.response_ids.shape[1]
+    chosen = response_slice(logits, P, T)[responses.response_mask.bool()]  # (N, V)
+    top = chosen.topk(2, dim=-1).values
+    return float((top[:, 0] - top[:, 1]).min()), first_kl_tolerance(policy, float(chosen.abs().max()))
+
+
 def test_fixed_length_prompts_for_compiled_decoding_change_no_response(rollout_setup):
     """rollout.compile pads prompts to max_prompt_tokens for generation (one cache shape) and
     cuts the extra columns after it: the same prompts and responses as without."""
@@ -623,6 +684,8 @@ def test_fixed_length_prompts_for_compiled_decoding_change_no_response(rollout_s
                    greedy=True)
     assert plain.prompt_ids.shape[1] < cfg.rollout.max_prompt_tokens
     assert torch.equal(fixed.prompt_ids, plain.prompt_ids) and torch.equal(fixed.prompt_mask, plain.prompt_mask)
+    margin, tolerance = greedy_margin(policy, plain)
+    assert margin > 2 * tolerance, (margin, tolerance)  # measured 86x tolerance: the tokens cannot differ
     assert torch.equal(fixed.response_ids, plain.response_ids)
 
 
@@ -635,6 +698,9 @@ def test_guard_skips_batches_without_reward_spread_and_clips():
         raw = final[:, None].expand(64, 5)  # gamma = lam = 1, values 0, no KL: every token gets its reward
         whitened = SOLUTION.compute_gae_advantages(final, torch.zeros(64, 5), torch.zeros(64, 5), mask, 1.0, 1.0)[0]
         if rewarded:
+            # Every sum here is exact in any order (0/1 rewards; squared deviations are multiples
+            # of 2^-12 below 2^9: 21 bits), so the two sides differ only by a few roundings of
+            # values up to 8 (~1e-6) and the whitening's eps (1e-8 / (2 var) <= 3.3e-7 relative).
             assert torch.allclose(whitened, (raw - raw.mean()) / raw.std(), atol=1e-4)
         advantages, metrics, skip = guard_advantages(final, whitened, mask, ppo)
         assert (skip is not None) == skipped and metrics["stats/update_skipped"] == float(skipped), rewarded
@@ -801,8 +867,10 @@ def test_static_cache_generates_what_the_dynamic_cache_generates(rollout_setup):
     prompts = render_prompts(tok, ["What is 1 + 2?", "What is 40 + 4?"], cfg.data)
     static = load_config(None, TINY + ["rollout.max_new_tokens=6", "rollout.cache_implementation=static"]).rollout
     dynamic = load_config(None, TINY + ["rollout.max_new_tokens=6"]).rollout
-    assert torch.equal(sample(policy, tok, prompts, static, greedy=True).response_ids,
-                       sample(policy, tok, prompts, dynamic, greedy=True).response_ids)
+    expected = sample(policy, tok, prompts, dynamic, greedy=True)
+    margin, tolerance = greedy_margin(policy, expected)
+    assert margin > 2 * tolerance, (margin, tolerance)  # measured 94x tolerance: the tokens cannot differ
+    assert torch.equal(sample(policy, tok, prompts, static, greedy=True).response_ids, expected.response_ids)
 
 
 # --- CLI errors -----------------------------------------------------------------------------
