@@ -138,7 +138,8 @@ def compile_layers(lm: PreTrainedModel, backend: str = "inductor") -> None:
     layer with its gradient checkpointing, the final norm; not the LM head) in place, as one graph
     with dynamic shapes that serves every row count and length. What it saves is host time: an
     eager forward of Qwen2.5-0.5B launches ~1000 kernels from Python, and a minibatch of 2 rows
-    spent 166 ms of CPU time against ~40 ms of GPU time (H100, reports/performance.md), so small
+    spent 166 ms of CPU time against ~40 ms of GPU time (H100: the course repository's performance
+    report), so small
     minibatches wait for the host (model.compile in the config). One graph: compiling each
     layer's parts instead (72 regions a forward) cost as much in guards and autograd wrappers as
     it saved. The callers run the transformer without transformers' capture of each layer's
