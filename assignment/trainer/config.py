@@ -166,6 +166,16 @@ class PPOConfig:
     optimizer: str = "adamw"
     # Minibatches per optimizer step; (batch_size / minibatch_size) must be a multiple of it.
     grad_accum_steps: int = 1
+    # Rows of each exercise-5 call on each process (null: minibatch_size / processes, with
+    # grad_accum_steps calls per optimizer step). A launch-time choice that keeps the optimizer
+    # steps: each still takes the same minibatch_size x grad_accum_steps shuffled responses, 1/N
+    # of them from each of N processes; each process cuts its share into calls of this many rows
+    # and exercise 5 divides by that many calls (its cfg.grad_accum_steps). E.g. 4 processes,
+    # minibatch 16 x accum 4: each process's 16 rows of a step as 1 call of 16 instead of 4 of 4.
+    # What changes: each call's token mean covers more rows (tokens of longer responses weigh as
+    # in one larger minibatch), a call needs the memory of that many rows, and the early stop
+    # (target_kl) is checked after each call. Must divide minibatch_size x grad_accum_steps / N.
+    process_minibatch_size: Optional[int] = None
     clip_ratio: float = 0.2
     clip_range_value: float = 0.2
     vf_coeff: float = 0.5
@@ -382,6 +392,10 @@ def _validate(cfg: Config) -> None:
     need(ppo.grad_accum_steps >= 1 and ppo.minibatch_size >= 1 and (rollout.batch_size // ppo.minibatch_size) % ppo.grad_accum_steps == 0,
          f"ppo.grad_accum_steps ({ppo.grad_accum_steps}) must divide the number of minibatches per epoch "
          f"(rollout.batch_size / ppo.minibatch_size = {rollout.batch_size // max(ppo.minibatch_size, 1)})")
+    step_rows = ppo.minibatch_size * ppo.grad_accum_steps
+    need(ppo.process_minibatch_size is None or (ppo.process_minibatch_size >= 1 and step_rows % ppo.process_minibatch_size == 0),
+         f"ppo.process_minibatch_size ({ppo.process_minibatch_size}) must be null or divide the rows of an optimizer "
+         f"step (ppo.minibatch_size x ppo.grad_accum_steps = {step_rows})")
     need(ppo.lr > 0, f"ppo.lr must be > 0, got {ppo.lr}")
     need(ppo.value_head_lr is None or ppo.value_head_lr > 0, f"ppo.value_head_lr must be > 0 or null, got {ppo.value_head_lr}")
     need(ppo.clip_ratio > 0 and ppo.clip_range_value > 0, "ppo.clip_ratio and ppo.clip_range_value must be > 0")

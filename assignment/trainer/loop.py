@@ -59,7 +59,7 @@ from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.impl import ImplError
 from assignment.trainer.loading import DTYPES, build_models, compile_layers, load_tokenizer
 from assignment.trainer.ppo import (FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance, guard_advantages, kl_penalties, ppo_update,
-                                   sequence_kl)
+                                   process_minibatches, sequence_kl)
 from assignment.trainer.reward import Score, score
 from assignment.trainer.rollout import Rollout, Sample, collect, generation_copy, refresh_copy, render_prompts
 from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, SAMPLES, Progress, RunLogger, eval_records_path,
@@ -162,9 +162,10 @@ def optimizer_steps(cfg: Config) -> int:
     return cfg.train.steps * cfg.ppo.epochs * per_epoch
 
 
-def minibatches_per_step(cfg: Config) -> int:
-    """Calls of ``ppo_minibatch_update`` in one PPO step: the update's progress bar."""
-    return cfg.ppo.epochs * (cfg.rollout.batch_size // cfg.ppo.minibatch_size)
+def minibatches_per_step(cfg: Config, world_size: int = 1) -> int:
+    """Calls of ``ppo_minibatch_update`` in one PPO step, on each of ``world_size`` processes: the
+    update's progress bar."""
+    return cfg.ppo.epochs * (cfg.rollout.batch_size // world_size // process_minibatches(cfg.ppo, world_size)[0])
 
 
 # --- setting up a run ------------------------------------------------------------------------
@@ -400,13 +401,15 @@ def update(run: Run, cfg: Config, impl: ModuleType, step: int, batch: dict[str, 
         def around(minibatch):
             return grpo.policy_loss_swap(impl, minibatch, cfg, run.kl_ctl.value)
     dist = run.dist
-    with tqdm(total=minibatches_per_step(cfg), desc="update", leave=False, disable=not cfg.train.progress) as bar:
+    calls = minibatches_per_step(cfg, dist.world_size)
+    size, accum = process_minibatches(cfg.ppo, dist.world_size)
+    with tqdm(total=calls, desc="update", leave=False, disable=not cfg.train.progress) as bar:
         metrics = ppo_update(impl, run.model, run.optimizer, run.scheduler, batch, cfg, generator, bar, around,
-                             cfg.ppo.minibatch_size // dist.world_size, dist.mean if dist.active else None)
+                             size, dist.mean if dist.active else None, accum)
     metrics = dist.mean_metrics(metrics)  # each process's means over its own minibatches, averaged
     if metrics["stats/early_stop"]:
         tqdm.write(f"[step {step}] update stopped early after minibatch {int(metrics['stats/minibatches'])} of "
-                   f"{minibatches_per_step(cfg)}: approx_kl {metrics['stats/early_stop_approx_kl']:.4f} > "
+                   f"{calls}: approx_kl {metrics['stats/early_stop_approx_kl']:.4f} > "
                    f"1.5 * ppo.target_kl = {early_stop_bound(cfg.ppo):.4f}")
     return metrics
 
