@@ -509,12 +509,15 @@ def log_samples(run: Run, step: int, samples: list[dict[str, Any]]) -> None:
 
 def between_steps(run: Run, cfg: Config, step: int, samples: list[dict[str, Any]]) -> None:
     """After step ``step``: samples, a checkpoint and an evaluation, each when it is due; the
-    last step always saves, then evaluates. Saving first means that an evaluation which crashes
-    (out of memory, say) or is stopped by the time limit costs no training: ``--resume``
-    continues with the evaluation."""
+    last step saves (unless ``train.final_checkpoint`` is false), then evaluates. Saving first
+    means that an evaluation which crashes (out of memory, say) or is stopped by the time limit
+    costs no training: ``--resume`` continues with the evaluation."""
     if cfg.train.num_samples and cfg.train.sample_every and (step == 1 or step % cfg.train.sample_every == 0):
         log_samples(run, step, samples)
-    if step == cfg.train.steps or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
+    if step == cfg.train.steps:
+        if cfg.train.final_checkpoint:
+            save(run, step)
+    elif cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
         save(run, step)
     if eval_due(cfg, step):
         run_eval(run, cfg, step)
@@ -593,6 +596,10 @@ def _train(cfg: Config, impl: ModuleType, resume: bool, on_step: Callable[[int, 
     if cfg.algorithm != "ppo" and grpo.missing(impl):
         raise ImplError(f"algorithm {cfg.algorithm} needs Part II's exercises; the submission does not define "
                         f"{', '.join(grpo.missing(impl))}")
+    if resume and not cfg.train.final_checkpoint and not (Path(cfg.train.output_dir) / checkpoint.FILENAME).is_file():
+        raise FileNotFoundError(f"no checkpoint to resume from in {cfg.train.output_dir}: the run has "
+                                "train.final_checkpoint=false, which saves none after the last step (and without "
+                                "train.checkpoint_every none before it); start a new run in another train.output_dir")
     out = dist.on_main(lambda: open_run_dir(cfg, resume))
     progress = Progress(out, command, resume, dist.world_size) if dist.is_main else NullProgress()
     run = setup_run(cfg, out, resume, progress, Deadline.after(cfg.train.time_limit_s, started), dist)
