@@ -36,8 +36,14 @@ class ModelConfig:
     name: str = "synthetic"
     # A GGUF file inside the folder ``name`` (transformers dequantizes it; needs the gguf package).
     gguf_file: Optional[str] = None
-    # Tokenizer source when it differs from the model (None: the model's own).
+    # Tokenizer source when it differs from the model (None: the model's own; "synthetic": the
+    # synthetic task's).
     tokenizer: Optional[str] = None
+    # Build the LM from ``name``'s config.json alone (a folder or hub id), with random weights
+    # drawn by transformers' own initialisation from train.seed: a real model's shape without its
+    # weights, for measuring what training it takes (configs/fsdp_qwen7b_shape.yaml). No learning
+    # claim can rest on it.
+    random_init: bool = False
     # float32 | bfloat16 | float16. The value head always stays float32 (assignment/model.py).
     dtype: str = "float32"
     # Trade compute for memory in the update's forward/backward.
@@ -349,6 +355,8 @@ def _validate(cfg: Config) -> None:
             problems.append(message)
 
     rollout, ppo, data = cfg.rollout, cfg.ppo, cfg.data
+    need(not cfg.model.random_init or (cfg.model.name != "synthetic" and cfg.model.gguf_file is None),
+         "model.random_init builds model.name's config.json with random weights: not for synthetic or a GGUF file")
     need(cfg.model.dtype in ("float32", "bfloat16", "float16"), f"model.dtype must be float32, bfloat16 or float16, got '{cfg.model.dtype}'")
     need(data.task in ("synthetic", "gsm8k"), f"data.task must be 'synthetic' or 'gsm8k', got '{data.task}'")
     need("{question}" in data.prompt_template, "data.prompt_template must contain '{question}'")
