@@ -27,6 +27,12 @@ the whole job's) divided by its seconds; ``peak_memory_gib`` the largest ``memor
 of those steps: what torch's allocator held at most on the main process's GPU (the others are
 not logged). The first step is left out: it compiles and warms up.
 
+``--code DIR`` runs the trainer of another tree instead of this checkout's (``git archive COMMIT
+assignment solutions configs | tar -x -C DIR``: the launches run in DIR, where ``python -m
+assignment.trainer`` imports DIR's package), so that the code before and after a change is
+measured on one machine in one lease; a tree without ``train.final_checkpoint`` writes its final
+checkpoint after the measured steps.
+
 The second form checks such a file's form (``check``) and prints each data-parallel record's
 efficiency against the single-GPU record of the same card (``efficiencies``):
     efficiency = tokens_per_second(launch on N GPUs) / (N x tokens_per_second(single))
@@ -118,36 +124,39 @@ def summarize(metrics: list[dict[str, float]], batch_size: int) -> dict[str, flo
 
 
 def run_launch(text: str, config: str, impl: str, steps: int, overrides: list[str], runs_dir: Path,
-               card: str, cuda: bool) -> dict[str, Any]:
-    """Run one launch into its scratch folder and return its record; ScalingError if it fails."""
+               card: str, cuda: bool, base: Path = ROOT) -> dict[str, Any]:
+    """Run one launch, in the tree ``base``, into its scratch folder and return its record;
+    ScalingError if it fails. Relative paths are ``base``'s."""
     from assignment.trainer.config import load_config
     from assignment.trainer.runlog import read_jsonl
 
     kind, n = parse_launch(text)
-    out = runs_dir / f"{kind}_{n}"  # as the launch, in the repository root, names it
-    shutil.rmtree(ROOT / out, ignore_errors=True)
-    (ROOT / runs_dir).mkdir(parents=True, exist_ok=True)
-    trainer_args = ["--config", config, "--impl", impl, *overrides, f"train.steps={steps}", "eval.size=0",
-                    "train.final_checkpoint=false", "train.checkpoint_every=0", "train.progress=false",
-                    "train.log_every=1", f"train.output_dir={out}"]
+    out = runs_dir / f"{kind}_{n}"  # as the launch, in the folder base, names it
+    shutil.rmtree(base / out, ignore_errors=True)
+    (base / runs_dir).mkdir(parents=True, exist_ok=True)
+    # An older tree's trainer refuses the key (and saves a checkpoint after the measured steps).
+    final = ["train.final_checkpoint=false"] if "final_checkpoint" in (
+        base / "assignment" / "trainer" / "config.py").read_text() else []
+    trainer_args = ["--config", config, "--impl", impl, *overrides, f"train.steps={steps}", "eval.size=0", *final,
+                    "train.checkpoint_every=0", "train.progress=false", "train.log_every=1", f"train.output_dir={out}"]
     command = launch_command(kind, n, trainer_args, free_port())
     added = launch_env(cuda)
     bin_dir = Path(sys.executable).parent
     executable = {"python": sys.executable, "accelerate": str(bin_dir / "accelerate")
                   if (bin_dir / "accelerate").exists() else "accelerate"}
-    log = ROOT / runs_dir / f"{kind}_{n}.log"
+    log = base / runs_dir / f"{kind}_{n}.log"
     print(f"[scaling] {text}: {shlex.join(command)}  (log: {log})", flush=True)
     with log.open("w") as sink:
-        done = subprocess.run([executable.get(command[0], command[0]), *command[1:]], cwd=ROOT, stdout=sink,
+        done = subprocess.run([executable.get(command[0], command[0]), *command[1:]], cwd=base, stdout=sink,
                               stderr=subprocess.STDOUT, env={**os.environ, **added})
     if done.returncode:  # the trainer's own message (a torchrun summary follows it), and the end
         lines = log.read_text().splitlines()
         said = [line for line in lines if line.startswith("ppo-train:")][:2]
         tail = "\n".join(said + lines[-10:])
         raise ScalingError(f"launch {text} exited with status {done.returncode}; from {log}:\n{tail}")
-    batch_size = load_config(ROOT / out / "config.yaml").rollout.batch_size
+    batch_size = load_config(base / out / "config.yaml").rollout.batch_size
     record = {"launch": kind, "gpus": n, "card": card,
-              **summarize(read_jsonl(ROOT / out / "metrics.jsonl"), batch_size),
+              **summarize(read_jsonl(base / out / "metrics.jsonl"), batch_size),
               "command": " ".join(f"{k}={v}" for k, v in added.items()) + " " + shlex.join(command)}
     return {key: record[key] for key in KEYS}
 
@@ -211,11 +220,11 @@ def read(path: Path, paired: bool = True) -> list[dict[str, Any]]:
     return records
 
 
-def rel(path: str) -> str:
-    """``path`` (relative to the caller's folder) as the launches, which run in the repository root,
-    see it: relative to the root when inside it, absolute otherwise."""
+def rel(path: str | Path, base: Path = ROOT) -> str:
+    """``path`` (relative to the caller's folder) as the launches, which run in the folder ``base``,
+    see it: relative to ``base`` when inside it, absolute otherwise."""
     resolved = Path(path).resolve()
-    return str(resolved.relative_to(ROOT)) if resolved.is_relative_to(ROOT) else str(resolved)
+    return str(resolved.relative_to(base)) if resolved.is_relative_to(base) else str(resolved)
 
 
 def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -231,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", metavar="FILE", help="check a scaling file and print its efficiencies")
     parser.add_argument("--config", help="the trainer's config (e.g. configs/gsm8k_qwen_coder.yaml)")
-    parser.add_argument("--impl", default=str(ROOT / "solutions" / "exercises.py"),
-                        help="whose exercises: assignment or a file (default: the answer key)")
+    parser.add_argument("--impl", help="whose exercises: assignment or a file (default: the answer key)")
+    parser.add_argument("--code", metavar="DIR", help="run the trainer of this tree (default: this checkout)")
     parser.add_argument("--launches", nargs="+", default=["single", "ddp:2"], help="single, ddp:N, fsdp:N")
     parser.add_argument("--steps", type=int, default=7, help="PPO steps per launch (the first is not measured)")
     parser.add_argument("--runs-dir", default="runs/scaling", help="scratch folder of the runs and their logs")
@@ -252,13 +261,15 @@ def main(argv: list[str] | None = None) -> int:
         import torch
 
         cuda, card = torch.cuda.is_available(), card_name()
+        base = Path(args.code).resolve() if args.code else ROOT
+        impl = args.impl or base / "solutions" / "exercises.py"
+        impl = impl if impl == "assignment" else rel(impl, base)
         out = Path(args.out)
         records, failed = [], []
         for text in args.launches:
             try:
-                impl = args.impl if args.impl == "assignment" else rel(args.impl)
-                records.append(run_launch(text, rel(args.config), impl, args.steps, args.overrides,
-                                          Path(rel(args.runs_dir)), card, cuda))
+                records.append(run_launch(text, rel(args.config, base), impl, args.steps, args.overrides,
+                                          Path(rel(args.runs_dir, base)), card, cuda, base))
             except ScalingError as err:  # one that fails (out of memory, say) leaves the others' records
                 print(f"[scaling] {err}", file=sys.stderr)
                 failed.append(text)
