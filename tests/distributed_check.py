@@ -20,6 +20,8 @@ test compares to ``OUT`` (a torch file):
         accumulated minibatches (one row each, per process), its gradients reduced once per step
         (the trainer's ``gradient_sync``), after every minibatch (as before it), and never (a
         mutation that skips the reducing minibatch's sync: each process steps alone);
+    reduced_before_step: {"once", "every", "never"}: for the minibatch that does not step, whether
+        its backward reduced the gradients (several processes only);
     (one process only:) accumulated_magnitudes: {name: sum over the 2 processes and their 2
         minibatches of |that minibatch's gradient|}, the magnitudes the reduction sums;
     steps: {"default", "process"}: for each optimizer step of 2 epochs of 8 rows (minibatch 2 x
@@ -216,6 +218,26 @@ class RecordingImpl:
         return steps
 
 
+class ReductionProbe:
+    """``impl`` whose exercise 5 records, after each call that does not step, whether that call
+    reduced the gradients over the processes: under DDP they are then the same on every process,
+    under FSDP2 they reach the sharded parameters' ``.grad`` (None until a reduce-scatter)."""
+
+    def __init__(self, impl, dist: Distributed):
+        self.impl, self.dist, self.reduced = impl, dist, []
+
+    def ppo_minibatch_update(self, model, optimizer, minibatch, cfg, step_optimizer):
+        metrics = self.impl.ppo_minibatch_update(model, optimizer, minibatch, cfg, step_optimizer)
+        if not step_optimizer and self.dist.active:  # a stepping call zeroes the gradients it stepped on
+            grads = [p.grad for p in model.parameters()]
+            if self.dist.fsdp:
+                self.reduced.append(all(self.dist.gather_objects([all(g is not None for g in grads)])))
+            else:
+                mine = torch.cat([g.flatten() for g in grads])
+                self.reduced.append(all(torch.equal(mine, theirs) for theirs in self.dist.gather_objects([mine])))
+        return metrics
+
+
 def accumulation_checks(dist: Distributed, impl, tokenizer, ref, ids: torch.Tensor, rewards: torch.Tensor,
                         result: dict) -> None:
     """The ``accumulated``, ``accumulated_magnitudes``, ``steps`` and ``leftover`` entries of the
@@ -223,7 +245,6 @@ def accumulation_checks(dist: Distributed, impl, tokenizer, ref, ids: torch.Tens
     overrides = ["model.hidden_size=32", f"rollout.batch_size={B}", "ppo.minibatch_size=2", "ppo.grad_accum_steps=2",
                  "ppo.epochs=1", "ppo.target_kl=null", "train.output_dir=unused"]
     cfg = load_config(None, overrides)
-    size, accum = ppo.process_minibatches(cfg.ppo, dist.world_size)
 
     def fresh(rows: slice, n_ids: torch.Tensor = ids, n_rewards: torch.Tensor = rewards):
         """A fresh policy, its update batch of ``rows`` (every response T long, a fixed advantage per row)."""
@@ -234,24 +255,28 @@ def accumulation_checks(dist: Distributed, impl, tokenizer, ref, ids: torch.Tens
             adv = (n_rewards - n_rewards.mean())[rows, None].expand(-1, T).contiguous()
         return policy_copy, part.update_batch(adv, part.values)
 
-    def update(cfg, rows: slice, the_impl=impl, split=(size, accum)):
-        policy_copy, batch = fresh(rows)
+    def update(cfg, rows: slice, the_impl=impl, n_ids: torch.Tensor = ids, n_rewards: torch.Tensor = rewards):
+        """A fresh policy after ``ppo_update`` on ``rows``, as the trainer splits them; its model, optimizer, metrics."""
+        policy_copy, batch = fresh(rows, n_ids, n_rewards)
         model = dist.wrap(policy_copy)
         optimizer = torch.optim.SGD(policy_copy.parameters(), lr=LR)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        size, accum = ppo.process_minibatches(cfg.ppo, dist.world_size)
         metrics = ppo_update(the_impl, model, optimizer, scheduler, batch, cfg, torch.Generator().manual_seed(1),
-                             minibatch_size=split[0], agree=dist.mean if dist.active else None, grad_accum_steps=split[1])
+                             minibatch_size=size, agree=dist.mean if dist.active else None, grad_accum_steps=accum)
         return policy_copy, model, optimizer, metrics
 
     # One optimizer step of two accumulated minibatches: reduced once (the trainer), after every
     # minibatch (as before), never (a mutation).
     sync = ppo.gradient_sync
     rules = {"once": sync, "every": lambda model, _: sync(model, True), "never": lambda model, _: sync(model, False)}
-    result["accumulated"] = {}
+    result["accumulated"], result["reduced_before_step"] = {}, {}
     for name, rule in rules.items():
+        probe = ReductionProbe(impl, dist)
         with mock.patch.object(ppo, "gradient_sync", rule):
-            policy_copy = update(cfg, dist.shard(B))[0]
+            policy_copy = update(cfg, dist.shard(B), probe)[0]
         result["accumulated"][name] = {k: v.detach().clone() for k, v in dist.model_state(policy_copy).items()}
+        result["reduced_before_step"][name] = probe.reduced
     if not dist.active:  # each process's minibatches, each on its own: their gradients' magnitudes
         update_cfg = UpdateConfig.from_config(cfg)
         sums = {}
@@ -274,13 +299,7 @@ def accumulation_checks(dist: Distributed, impl, tokenizer, ref, ids: torch.Tens
     for name, extra in (("default", []), ("process", ["ppo.process_minibatch_size=2"])):
         cfg8 = load_config(None, overrides + [f"rollout.batch_size={n}", "ppo.epochs=2", *extra])
         recording = RecordingImpl(impl)
-        policy_copy, batch = fresh(dist.shard(n), ids8, rewards8)
-        model = dist.wrap(policy_copy)
-        optimizer = torch.optim.SGD(policy_copy.parameters(), lr=LR)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-        split = ppo.process_minibatches(cfg8.ppo, dist.world_size)
-        ppo_update(recording, model, optimizer, scheduler, batch, cfg8, torch.Generator().manual_seed(1),
-                   minibatch_size=split[0], agree=dist.mean if dist.active else None, grad_accum_steps=split[1])
+        update(cfg8, dist.shard(n), recording, ids8, rewards8)
         result["steps"][name] = dist.gather_objects([recording.steps()])  # one list per process
 
     # An early stop inside an accumulation cycle leaves no gradient behind for the next step.

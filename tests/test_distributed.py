@@ -151,6 +151,8 @@ def check_accumulation(one: dict, two: dict, fsdp: bool) -> None:
     """The accumulation entries of tests/distributed_check.py's two-process run: (3) above; the
     optimizer steps' rows with and without ppo.process_minibatch_size; nothing left over by an
     update stopped early inside an accumulation cycle."""
+    # The first minibatch of the cycle reduces nothing: its gradients stay local until the second.
+    assert two["reduced_before_step"] == {"once": [False], "every": [True], "never": [False]}
     lr, reference = one["lr"], two["accumulated"]["every"]
     never_ratio = 0.0
     for name, every in reference.items():
