@@ -240,7 +240,7 @@ class ReductionProbe:
 
 def accumulation_checks(dist: Distributed, impl, tokenizer, ref, ids: torch.Tensor, rewards: torch.Tensor,
                         result: dict) -> None:
-    """The ``accumulated``, ``accumulated_magnitudes``, ``steps`` and ``leftover`` entries of the
+    """The ``accumulated``, ``reduced_before_step``, ``accumulated_magnitudes``, ``steps`` and ``leftover`` entries of the
     module docstring. B rows, minibatch 2 x accum 2 global: each process runs 2 minibatches of 1 row."""
     overrides = ["model.hidden_size=32", f"rollout.batch_size={B}", "ppo.minibatch_size=2", "ppo.grad_accum_steps=2",
                  "ppo.epochs=1", "ppo.target_kl=null", "train.output_dir=unused"]
