@@ -16,6 +16,21 @@ test compares to ``OUT`` (a torch file):
     magnitudes: {name: S}, the sum over the batch's real tokens of the magnitude of each token's
         gradient, divided by their number: the magnitudes the gradient sums (see the test);
     records: evaluation records of 7 problems in batches of 3 (uneven splits), gathered in order.
+    accumulated: {"once", "every", "never"}: the full weights after one optimizer step of two
+        accumulated minibatches (one row each, per process), its gradients reduced once per step
+        (the trainer's ``gradient_sync``), after every minibatch (as before it), and never (a
+        mutation that skips the reducing minibatch's sync: each process steps alone);
+    reduced_before_step: {"once", "every", "never"}: for the minibatch that does not step, whether
+        its backward reduced the gradients (several processes only);
+    (one process only:) accumulated_magnitudes: {name: sum over the 2 processes and their 2
+        minibatches of |that minibatch's gradient|}, the magnitudes the reduction sums;
+    steps: {"default", "process"}: for each optimizer step of 2 epochs of 8 rows (minibatch 2 x
+        accum 2, global), the global rows it saw (input_ids rows), with the calls and the
+        grad_accum_steps each process's exercise 5 saw, without and with
+        ppo.process_minibatch_size=2 (each process's 2 rows of a step as 1 call instead of 2);
+    leftover: after an update stopped early inside an accumulation cycle, whether a gradient
+        computed next equals its recomputation bit for bit on every process ("clean"), and the
+        same with ``drop_local_gradients`` skipped ("mutant_clean"), and the stopping minibatch.
 
     python tests/distributed_check.py OUT
 
@@ -27,6 +42,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -36,6 +52,8 @@ from assignment.trainer.distributed import Distributed, sharded_eval_batches, wh
 from assignment.trainer.evaluate import evaluate_batches
 from assignment.trainer.impl import load_impl
 from assignment.trainer.loading import build_models, load_tokenizer
+from assignment.trainer import ppo
+from assignment.trainer.batch import minibatches
 from assignment.trainer.ppo import UpdateConfig, kl_penalties, ppo_update
 from assignment.trainer.rollout import ReferenceForward, Rollout, Sample, response_forward
 from token_gradients import token_gradient_magnitudes  # tests/, the folder of this script
@@ -49,14 +67,15 @@ def rollout_rows(policy, ref, ids: torch.Tensor, mask: torch.Tensor, rows: slice
     """The rollout of ``rows`` of a fixed batch, cut to those rows' own longest response, as a
     process of a data-parallel job holds it. Computed on the whole batch and sliced, so that the
     gathered tensors are bit-for-bit the single process's (the test is of the gathering)."""
-    attention = torch.cat([torch.ones(B, P, dtype=torch.long), mask.long()], dim=1)  # (B, P+T)
+    n = ids.shape[0]
+    attention = torch.cat([torch.ones(n, P, dtype=torch.long), mask.long()], dim=1)  # (n, P+T)
     full = torch.cat([ids[:, :P], torch.where(mask, ids[:, P:], 0)], dim=1)
     with torch.no_grad():
-        logprobs, values = response_forward(policy, full, attention, P, 1.0, B)
-        ref_logprobs, _ = response_forward(ReferenceForward(ref), full, attention, P, 1.0, B)
+        logprobs, values = response_forward(policy, full, attention, P, 1.0, n)
+        ref_logprobs, _ = response_forward(ReferenceForward(ref), full, attention, P, 1.0, n)
     width = int(mask[rows].sum(dim=-1).max())
     sample = Sample(full[rows, :P], attention[rows, :P], full[rows, P:P + width], mask[rows, :width],
-                    torch.zeros(B, dtype=torch.bool)[rows])
+                    torch.zeros(n, dtype=torch.bool)[rows])
     return Rollout(sample, full[rows, :P + width], attention[rows, :P + width], logprobs[rows, :width],
                    ref_logprobs[rows, :width], values[rows, :width])
 
@@ -142,6 +161,8 @@ def main(out: Path) -> None:
                                                          UpdateConfig.from_config(cfg))
     result["lr"] = LR
 
+    accumulation_checks(dist, impl, tokenizer, ref, ids, rewards, result)
+
     # Evaluation: 7 problems in batches of 3, each batch split over the processes.
     # Under FSDP from a sharded copy of the same weights: generation itself is then a collective.
     problems = load_problems(cfg.data, 0)["test"][:7]
@@ -152,6 +173,133 @@ def main(out: Path) -> None:
     if dist.is_main:
         torch.save(result, out)
     dist.barrier()
+
+
+class RecordingImpl:
+    """``impl`` whose exercise 5 records each call: its rows (as tuples of input ids), the
+    grad_accum_steps it divides by and whether it steps."""
+
+    def __init__(self, impl):
+        self.impl, self.calls = impl, []
+
+    def ppo_minibatch_update(self, model, optimizer, minibatch, cfg, step_optimizer):
+        rows = frozenset(tuple(row) for row in minibatch["input_ids"].tolist())
+        self.calls.append((rows, cfg.grad_accum_steps, step_optimizer))
+        return self.impl.ppo_minibatch_update(model, optimizer, minibatch, cfg, step_optimizer)
+
+    def steps(self) -> list[tuple[frozenset, int, set[int]]]:
+        """Per optimizer step: its rows, how many calls it took and the grad_accum_steps they saw."""
+        steps, rows, calls, accums = [], set(), 0, set()
+        for call_rows, accum, stepped in self.calls:
+            rows, calls, accums = rows | call_rows, calls + 1, accums | {accum}
+            if stepped:
+                steps.append((frozenset(rows), calls, accums))
+                rows, calls, accums = set(), 0, set()
+        return steps
+
+
+class ReductionProbe:
+    """``impl`` whose exercise 5 records, after each call that does not step, whether that call
+    reduced the gradients over the processes: under DDP they are then the same on every process,
+    under FSDP2 they reach the sharded parameters' ``.grad`` (None until a reduce-scatter)."""
+
+    def __init__(self, impl, dist: Distributed):
+        self.impl, self.dist, self.reduced = impl, dist, []
+
+    def ppo_minibatch_update(self, model, optimizer, minibatch, cfg, step_optimizer):
+        metrics = self.impl.ppo_minibatch_update(model, optimizer, minibatch, cfg, step_optimizer)
+        if not step_optimizer and self.dist.active:  # a stepping call zeroes the gradients it stepped on
+            grads = [p.grad for p in model.parameters()]
+            if self.dist.fsdp:
+                self.reduced.append(all(self.dist.gather_objects([all(g is not None for g in grads)])))
+            else:
+                mine = torch.cat([g.flatten() for g in grads])
+                self.reduced.append(all(torch.equal(mine, theirs) for theirs in self.dist.gather_objects([mine])))
+        return metrics
+
+
+def accumulation_checks(dist: Distributed, impl, tokenizer, ref, ids: torch.Tensor, rewards: torch.Tensor,
+                        result: dict) -> None:
+    """The ``accumulated``, ``reduced_before_step``, ``accumulated_magnitudes``, ``steps`` and ``leftover`` entries of the
+    module docstring. B rows, minibatch 2 x accum 2 global: each process runs 2 minibatches of 1 row."""
+    overrides = ["model.hidden_size=32", f"rollout.batch_size={B}", "ppo.minibatch_size=2", "ppo.grad_accum_steps=2",
+                 "ppo.epochs=1", "ppo.target_kl=null", "train.output_dir=unused"]
+    cfg = load_config(None, overrides)
+
+    def fresh(rows: slice, n_ids: torch.Tensor = ids, n_rewards: torch.Tensor = rewards):
+        """A fresh policy, its update batch of ``rows`` (every response T long, a fixed advantage per row)."""
+        policy_copy = build_models(cfg.model, tokenizer, 0, torch.device("cpu"))[0]
+        n = n_ids.shape[0]
+        part = rollout_rows(policy_copy, ref, n_ids, torch.ones(n, T, dtype=torch.bool), rows)
+        with torch.no_grad():
+            adv = (n_rewards - n_rewards.mean())[rows, None].expand(-1, T).contiguous()
+        return policy_copy, part.update_batch(adv, part.values)
+
+    def update(cfg, rows: slice, the_impl=impl, n_ids: torch.Tensor = ids, n_rewards: torch.Tensor = rewards):
+        """A fresh policy after ``ppo_update`` on ``rows``, as the trainer splits them; its model, optimizer, metrics."""
+        policy_copy, batch = fresh(rows, n_ids, n_rewards)
+        model = dist.wrap(policy_copy)
+        optimizer = torch.optim.SGD(policy_copy.parameters(), lr=LR)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        size, accum = ppo.process_minibatches(cfg.ppo, dist.world_size)
+        metrics = ppo_update(the_impl, model, optimizer, scheduler, batch, cfg, torch.Generator().manual_seed(1),
+                             minibatch_size=size, agree=dist.mean if dist.active else None, grad_accum_steps=accum)
+        return policy_copy, model, optimizer, metrics
+
+    # One optimizer step of two accumulated minibatches: reduced once (the trainer), after every
+    # minibatch (as before), never (a mutation).
+    sync = ppo.gradient_sync
+    rules = {"once": sync, "every": lambda model, _: sync(model, True), "never": lambda model, _: sync(model, False)}
+    result["accumulated"], result["reduced_before_step"] = {}, {}
+    for name, rule in rules.items():
+        probe = ReductionProbe(impl, dist)
+        with mock.patch.object(ppo, "gradient_sync", rule):
+            policy_copy = update(cfg, dist.shard(B), probe)[0]
+        result["accumulated"][name] = {k: v.detach().clone() for k, v in dist.model_state(policy_copy).items()}
+        result["reduced_before_step"][name] = probe.reduced
+    if not dist.active:  # each process's minibatches, each on its own: their gradients' magnitudes
+        update_cfg = UpdateConfig.from_config(cfg)
+        sums = {}
+        for rank in range(2):
+            policy_copy, batch = fresh(slice(rank * B // 2, (rank + 1) * B // 2))
+            optimizer = torch.optim.SGD(policy_copy.parameters(), lr=LR)  # never stepped
+            for minibatch in minibatches(batch, 1, torch.Generator().manual_seed(1)):
+                optimizer.zero_grad(set_to_none=True)
+                impl.ppo_minibatch_update(policy_copy, optimizer, minibatch, update_cfg, False)
+                for k, param in policy_copy.named_parameters():
+                    sums[k] = sums.get(k, 0) + param.grad.abs()
+        result["accumulated_magnitudes"] = sums
+
+    # The optimizer steps' rows, without and with ppo.process_minibatch_size: 8 rows, 2 epochs.
+    n = 2 * B
+    generator = torch.Generator().manual_seed(2)
+    ids8 = torch.randint(3, len(tokenizer), (n, P + T), generator=generator)
+    rewards8 = torch.rand(n, generator=generator)
+    result["steps"] = {}
+    for name, extra in (("default", []), ("process", ["ppo.process_minibatch_size=2"])):
+        cfg8 = load_config(None, overrides + [f"rollout.batch_size={n}", "ppo.epochs=2", *extra])
+        recording = RecordingImpl(impl)
+        update(cfg8, dist.shard(n), recording, ids8, rewards8)
+        result["steps"][name] = dist.gather_objects([recording.steps()])  # one list per process
+
+    # An early stop inside an accumulation cycle leaves no gradient behind for the next step.
+    stop_cfg = load_config(None, overrides + ["ppo.epochs=2", "ppo.target_kl=1e-9"])
+    result["leftover"] = {}
+    for name, drop in (("clean", ppo.drop_local_gradients), ("mutant_clean", lambda model: None)):
+        with mock.patch.object(ppo, "drop_local_gradients", drop):
+            policy_copy, model, optimizer, metrics = update(stop_cfg, dist.shard(B))
+        _, batch = fresh(dist.shard(B))
+        update_cfg = UpdateConfig.from_config(load_config(None, overrides + ["ppo.grad_accum_steps=1"]))
+        grads = []
+        for _ in range(2):  # the same gradient twice, reduced over the processes
+            impl.ppo_minibatch_update(model, optimizer, batch, update_cfg, False)
+            # this process's own values (its shards under FSDP)
+            grads.append([p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad.clone()
+                          for p in policy_copy.parameters()])
+            optimizer.zero_grad(set_to_none=True)
+        equal = all(torch.equal(a, b) for a, b in zip(*grads))
+        result["leftover"][name] = all(dist.gather_objects([equal]))
+        result["leftover"]["stopped_at"] = metrics.get("stats/early_stop_minibatch")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from assignment.trainer import cli
 from assignment.trainer.config import ConfigError, load_config
 from assignment.trainer.distributed import Distributed, WorldSizeError
 from assignment.trainer.loading import build_models, load_tokenizer
+from assignment.trainer.ppo import process_minibatches
 from assignment.trainer.runlog import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +63,25 @@ TINY = ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", 
 #     differences need K up to 11,000.
 # Exercise 5's gradient norm stays below ppo.max_grad_norm (asserted), so clip_grad_norm_ scales by
 # exactly 1 and the norm's own rounding does not enter the weights.
+#
+# (3) Gradient accumulation, reduced once per optimizer step (``accumulated["once"]``) against
+#     after every minibatch (``accumulated["every"]``, as the trainer did before): in one job of 2
+#     processes, each computes the same local gradients g1_r, g2_r of its 2 minibatches in both
+#     (the same weights, rows and kernels: nothing steps in between); only the order of the sums
+#     differs. Every reduction halves exactly (DDP multiplies by 1/2 before its all-reduce, FSDP2
+#     divides by 2) and adds, each addition rounding by at most U times the magnitudes it adds.
+#     With M = |g1_a| + |g1_b| + |g2_a| + |g2_b| (``accumulated_magnitudes``), elementwise:
+#       once:  (g1_r + g2_r) locally, then the reduction:           at most U M/2 + U M/2 = U M
+#       every: A = (g1_a + g1_b)/2, then (A + g2_r) locally on both processes, then reduced:
+#              A's error counts once, U M/2; the local sums U (2|A| + |g2_a| + |g2_b|)/2 <= U M/2;
+#              the reduction U M/2: at most 3/2 U M (FSDP2's every-minibatch path: at most U M)
+#     so the gradients differ by at most 5/2 U M. SGD then rounds lr * g and w - lr * g in each,
+#     at most U lr |g| <= U lr M / 2 and U |w'|: the weights differ by at most
+#       lr 5/2 U M + U lr M + 2 U |w'| <= 4 U (|w'| + lr M),
+#     the remainder covering the second-order terms. Exercise 5's norm is below max_grad_norm as in
+#     (1) (the same rows and weights), so clipping scales by exactly 1. A mutation that skips the
+#     reducing minibatch's sync (``accumulated["never"]``: each process steps on its own gradients)
+#     lands far outside it.
 U, K = 2.0 ** -24, 1400
 
 # What the trainer prints, on any process, at the first step whose first minibatch's approx_kl is
@@ -132,6 +152,44 @@ def test_two_processes_give_the_single_process_step(tmp_path, fsdp):
     assert wrong_ratio > 100, wrong_ratio
     assert half_ratio > 100, half_ratio
     assert one["records"] == two["records"] and len(one["records"]) == 7
+    check_accumulation(one, two, fsdp)
+
+
+def check_accumulation(one: dict, two: dict, fsdp: bool) -> None:
+    """The accumulation entries of tests/distributed_check.py's two-process run: (3) above; the
+    optimizer steps' rows with and without ppo.process_minibatch_size; nothing left over by an
+    update stopped early inside an accumulation cycle."""
+    # The first minibatch of the cycle reduces nothing: its gradients stay local until the second.
+    assert two["reduced_before_step"] == {"once": [False], "every": [True], "never": [False]}
+    lr, reference = one["lr"], two["accumulated"]["every"]
+    never_ratio = 0.0
+    for name, every in reference.items():
+        magnitude = one["accumulated_magnitudes"].get(name, torch.zeros_like(every))  # a buffer: no gradient
+        tolerance = 4 * U * (every.abs() + lr * magnitude)  # (3)
+        error = (two["accumulated"]["once"][name] - every).abs()
+        assert (error <= tolerance).all(), f"{name}: reduced once per step, the weights differ from reduced after " \
+            f"every minibatch by {float(error.max()):.3g} (allowed there {float(tolerance.flatten()[error.argmax()]):.3g})"
+        never_ratio = max(never_ratio, float((two["accumulated"]["never"][name] - every).abs().div(tolerance)
+                                             .nan_to_num().max()))
+    assert never_ratio > 100, never_ratio
+    # Each optimizer step sees the same global rows when each process runs its 2 rows of a step as
+    # 1 call (ppo.process_minibatch_size=2) instead of 2 (the default): 2 epochs of 2 steps of 4 rows.
+    def global_steps(per_process):
+        return [frozenset().union(*(steps[i][0] for steps in per_process)) for i in range(len(per_process[0]))]
+
+    default, process = two["steps"]["default"], two["steps"]["process"]
+    assert global_steps(default) == global_steps(process)
+    assert [len(rows) for rows in global_steps(default)] == [4] * 4
+    assert all(len(global_steps(default)[i] | global_steps(default)[i + 1]) == 8 for i in (0, 2))  # an epoch: all rows
+    assert {(calls, frozenset(accums)) for steps in default for _, calls, accums in steps} == {(2, frozenset({2}))}
+    assert {(calls, frozenset(accums)) for steps in process for _, calls, accums in steps} == {(1, frozenset({1}))}
+    # Stopped after the first minibatch of the second epoch's cycle, before its reducing one: the
+    # gradient computed next is its own recomputation, bit for bit. FSDP2 keeps the unreduced
+    # gradients where the optimizer cannot clear them: without drop_local_gradients they leak.
+    assert two["leftover"]["stopped_at"] == 2
+    assert two["leftover"]["clean"]
+    if fsdp:
+        assert not two["leftover"]["mutant_clean"]
 
 
 @pytest.mark.slow
@@ -205,3 +263,45 @@ def test_a_single_process_checkpoint_is_refused_by_a_larger_job():
     dist.world_size = 2
     with pytest.raises(WorldSizeError, match="written by 1 process"):
         dist.restore_rng({"rng": None})  # a checkpoint from before world_size was recorded: 1 process
+
+
+@pytest.mark.parametrize("processes, process_minibatch_size, split", [
+    (4, None, (4, 4)),  # the recipe's default on 4 processes: 4 calls of 4 rows per optimizer step
+    (4, 16, (16, 1)),  # each process's 16 rows of a step as one call
+    (4, 8, (8, 2)),
+    (2, 16, (16, 2)),
+    (1, 32, (32, 2)),  # one process: its share is the whole step
+])
+def test_process_minibatch_size_keeps_each_optimizer_steps_rows(processes, process_minibatch_size, split):
+    cfg = load_config(None, ["rollout.batch_size=64", "ppo.minibatch_size=16", "ppo.grad_accum_steps=4",
+                             f"ppo.process_minibatch_size={'null' if process_minibatch_size is None else process_minibatch_size}"])
+    size, accum = process_minibatches(cfg.ppo, processes)
+    assert (size, accum) == split and size * accum * processes == 16 * 4
+
+
+def test_a_process_minibatch_size_that_does_not_split_a_step_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"process_minibatch_size \(3\) must be null or divide the rows of an optimizer "
+                                          r"step \(ppo.minibatch_size x ppo.grad_accum_steps = 64\)"):
+        load_config(None, ["rollout.batch_size=64", "ppo.minibatch_size=16", "ppo.grad_accum_steps=4",
+                           "ppo.process_minibatch_size=3"])
+    with pytest.raises(ConfigError, match="must be null or divide"):
+        load_config(None, ["ppo.process_minibatch_size=0"])
+    # 64 rows a step divide by 32, but on 4 processes each holds 16 of them
+    dist = Distributed()
+    dist.world_size = 4
+    with pytest.raises(ConfigError, match=r"process_minibatch_size \(32\) must divide each process's share of an "
+                                          r"optimizer step: .* = 16 x 4 / 4 = 16 rows"):
+        dist.check(load_config(None, ["rollout.batch_size=64", "ppo.minibatch_size=16", "ppo.grad_accum_steps=4",
+                                      "ppo.process_minibatch_size=32"]))
+
+
+def test_a_run_with_a_process_minibatch_size_runs_fewer_larger_calls(tmp_path):
+    """The trainer's wiring, one process: minibatch 2 x accum 2 as calls of 4 rows, one per optimizer step."""
+    from assignment.trainer.impl import load_impl
+    from assignment.trainer.loop import train
+
+    cfg = load_config(None, [*TINY, "ppo.minibatch_size=2", "ppo.grad_accum_steps=2", "ppo.process_minibatch_size=4",
+                             "train.steps=1", "eval.size=0", f"train.output_dir={tmp_path / 'run'}"])
+    result = train(cfg, load_impl(str(ROOT / "solutions" / "exercises.py")))
+    assert result.metrics[0]["stats/minibatches"] == 2 * 8 / 4  # 2 epochs of 8 rows, 4 rows a call
+    assert result.metrics[0]["stats/grad_norm"] > 0

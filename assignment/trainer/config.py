@@ -36,8 +36,14 @@ class ModelConfig:
     name: str = "synthetic"
     # A GGUF file inside the folder ``name`` (transformers dequantizes it; needs the gguf package).
     gguf_file: Optional[str] = None
-    # Tokenizer source when it differs from the model (None: the model's own).
+    # Tokenizer source when it differs from the model (None: the model's own; "synthetic": the
+    # synthetic task's).
     tokenizer: Optional[str] = None
+    # Build the LM from ``name``'s config.json alone (a folder or hub id), with random weights
+    # drawn by transformers' own initialisation from train.seed: a real model's shape without its
+    # weights, for measuring what training it takes (configs/fsdp_qwen7b_shape.yaml). No learning
+    # claim can rest on it.
+    random_init: bool = False
     # float32 | bfloat16 | float16. The value head always stays float32 (assignment/model.py).
     dtype: str = "float32"
     # Trade compute for memory in the update's forward/backward.
@@ -167,6 +173,16 @@ class PPOConfig:
     optimizer: str = "adamw"
     # Minibatches per optimizer step; (batch_size / minibatch_size) must be a multiple of it.
     grad_accum_steps: int = 1
+    # Rows of each exercise-5 call on each process (null: minibatch_size / processes, with
+    # grad_accum_steps calls per optimizer step). A launch-time choice that keeps the optimizer
+    # steps: each still takes the same minibatch_size x grad_accum_steps shuffled responses, 1/N
+    # of them from each of N processes; each process cuts its share into calls of this many rows
+    # and exercise 5 divides by that many calls (its cfg.grad_accum_steps). E.g. 4 processes,
+    # minibatch 16 x accum 4: each process's 16 rows of a step as 1 call of 16 instead of 4 of 4.
+    # What changes: each call's token mean covers more rows (tokens of longer responses weigh as
+    # in one larger minibatch), a call needs the memory of that many rows, and the early stop
+    # (target_kl) is checked after each call. Must divide minibatch_size x grad_accum_steps / N.
+    process_minibatch_size: Optional[int] = None
     clip_ratio: float = 0.2
     clip_range_value: float = 0.2
     vf_coeff: float = 0.5
@@ -255,6 +271,13 @@ class TrainConfig:
     output_dir: str = "runs/cpu_synthetic"
     # Save a checkpoint every this many steps (0: only at the end); only the latest is kept.
     checkpoint_every: int = 0
+    # Save one after the last step (false: none there, a periodic one due there included). It holds
+    # the float32 weights and the AdamW state: 7.5 GB and about a minute at the end of each run of
+    # the Qwen recipe on an H100. Without it, a finished run cannot be continued past its end with
+    # --resume (a periodic checkpoint, if any, resumes exactly from its own step and redoes the
+    # later ones), a crash in the final evaluation loses the training since the last checkpoint,
+    # and the trained weights are not kept. A stop by time_limit_s saves one all the same.
+    final_checkpoint: bool = True
     # Stop cleanly once this many seconds have passed since the trainer started (model loading
     # included): after the PPO step or evaluation batch that crosses it, save a checkpoint, print
     # how to resume, and return with status "time_limit" (the CLI exits 0). Null: no limit. For
@@ -333,6 +356,8 @@ def _validate(cfg: Config) -> None:
             problems.append(message)
 
     rollout, ppo, data = cfg.rollout, cfg.ppo, cfg.data
+    need(not cfg.model.random_init or (cfg.model.name != "synthetic" and cfg.model.gguf_file is None),
+         "model.random_init builds model.name's config.json with random weights: not for synthetic or a GGUF file")
     need(cfg.model.dtype in ("float32", "bfloat16", "float16"), f"model.dtype must be float32, bfloat16 or float16, got '{cfg.model.dtype}'")
     need(data.task in ("synthetic", "gsm8k"), f"data.task must be 'synthetic' or 'gsm8k', got '{data.task}'")
     need("{question}" in data.prompt_template, "data.prompt_template must contain '{question}'")
@@ -383,6 +408,10 @@ def _validate(cfg: Config) -> None:
     need(ppo.grad_accum_steps >= 1 and ppo.minibatch_size >= 1 and (rollout.batch_size // ppo.minibatch_size) % ppo.grad_accum_steps == 0,
          f"ppo.grad_accum_steps ({ppo.grad_accum_steps}) must divide the number of minibatches per epoch "
          f"(rollout.batch_size / ppo.minibatch_size = {rollout.batch_size // max(ppo.minibatch_size, 1)})")
+    step_rows = ppo.minibatch_size * ppo.grad_accum_steps
+    need(ppo.process_minibatch_size is None or (ppo.process_minibatch_size >= 1 and step_rows % ppo.process_minibatch_size == 0),
+         f"ppo.process_minibatch_size ({ppo.process_minibatch_size}) must be null or divide the rows of an optimizer "
+         f"step (ppo.minibatch_size x ppo.grad_accum_steps = {step_rows})")
     need(ppo.lr > 0, f"ppo.lr must be > 0, got {ppo.lr}")
     need(ppo.value_head_lr is None or ppo.value_head_lr > 0, f"ppo.value_head_lr must be > 0 or null, got {ppo.value_head_lr}")
     need(ppo.clip_ratio > 0 and ppo.clip_range_value > 0, "ppo.clip_ratio and ppo.clip_range_value must be > 0")

@@ -14,10 +14,12 @@ What each process does with the config's *global* batch of ``B`` responses (``N`
       guard, the KL controller and the curriculum see the whole batch, and every process takes
       the same branch;
     - takes its own rows back for the update (``own_rows``), cut into minibatches of
-      ``ppo.minibatch_size / N`` rows: each optimizer step sees ``ppo.minibatch_size`` responses,
-      as one process does. DDP averages the gradients of the N per-process losses, and each
-      loss is a token mean over its own rows: the global token mean only when every process
-      holds as many real tokens (as in verl and TRL).
+      ``ppo.minibatch_size / N`` rows (or ``ppo.process_minibatch_size``: ``ppo.process_minibatches``):
+      each optimizer step sees ``ppo.minibatch_size x ppo.grad_accum_steps`` responses, as one
+      process does. DDP averages the gradients of the N per-process losses, and each loss is a
+      token mean over its own rows: the global token mean only when every process holds as many
+      real tokens (as in verl and TRL). The gradients are reduced once per optimizer step
+      (``ppo.gradient_sync``), not after every minibatch;
     - agrees with the others on every decision taken from a local figure: the early stop
       (approx_kl averaged over processes, ``mean``), the time limit (``any``).
 Only the main process writes files (run directory, logs, checkpoints, plots) and prints.
@@ -53,6 +55,7 @@ from torch.distributed.fsdp import fully_shard
 
 from assignment.trainer import checkpoint
 from assignment.trainer.config import Config, ConfigError
+from assignment.trainer.ppo import process_minibatches
 from assignment.trainer.rollout import Rollout, Sample
 
 R = TypeVar("R")
@@ -99,11 +102,13 @@ class Distributed:
 
     def check(self, cfg: Config) -> None:
         """Raise ConfigError unless the global batch and minibatch split evenly over the processes
-        (the number of minibatches per epoch, hence ``grad_accum_steps``, is then unchanged)."""
+        (the number of minibatches per epoch, hence ``grad_accum_steps``, is then unchanged), and
+        ``ppo.process_minibatch_size`` divides each process's share of an optimizer step."""
         n, batch, minibatch = self.world_size, cfg.rollout.batch_size, cfg.ppo.minibatch_size
         if batch % n or minibatch % n:
             raise ConfigError(f"rollout.batch_size ({batch}) and ppo.minibatch_size ({minibatch}) are global and "
                               f"must be divisible by the number of processes ({n})")
+        process_minibatches(cfg.ppo, n)
         # Its gradient weights are hooks on the parameters, untested on FSDP's sharded ones.
         if self.fsdp and cfg.ppo.length_grouping:
             raise ConfigError("ppo.length_grouping is not supported under FSDP: set ppo.length_grouping=false")

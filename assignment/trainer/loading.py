@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from assignment.trainer.config import ModelConfig
 from assignment.model import PolicyWithValueHead, tiny_llama
@@ -57,7 +57,7 @@ def _source(cfg: ModelConfig) -> tuple[str, dict]:
 
 def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
     """The tokenizer, left-padding, with a pad token (EOS when the model has none)."""
-    if cfg.name == "synthetic":
+    if cfg.name == "synthetic" or cfg.tokenizer == "synthetic":
         return build_tokenizer()
     source, kwargs = (cfg.tokenizer, {}) if cfg.tokenizer else _source(cfg)
     try:
@@ -91,13 +91,17 @@ def clear_quantization_flags(model: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
-def load_lm(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> PreTrainedModel:
-    """The causal LM in ``cfg.dtype``, in train mode; raises ModelError when it cannot load."""
+def load_lm(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int,
+            device: torch.device | None = None) -> PreTrainedModel:
+    """The causal LM in ``cfg.dtype``, in train mode; raises ModelError when it cannot load.
+    On the CPU, but with ``model.random_init`` on ``device``."""
     dtype = DTYPES[cfg.dtype]
     if cfg.name == "synthetic":
         lm = tiny_llama(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
                         seed=seed, dtype=dtype, pad_token_id=tokenizer.pad_token_id,
                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    elif cfg.random_init:
+        lm = random_lm(cfg.name, dtype, seed, device or torch.device("cpu"), len(tokenizer))
     else:
         source, kwargs = _source(cfg)
         try:
@@ -107,6 +111,25 @@ def load_lm(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> 
         if "gguf_file" in kwargs:
             clear_quantization_flags(lm)
     return lm.train()
+
+
+def random_lm(source: str, dtype: torch.dtype, seed: int, device: torch.device, vocabulary: int) -> PreTrainedModel:
+    """A causal LM of the architecture and shape of ``source``'s config.json (a folder or hub id),
+    its weights drawn by transformers' initialisation after ``torch.manual_seed(seed)``
+    (``model.random_init``). Drawn on ``device`` itself: a 7B model's float32 weights take about
+    two minutes on one CPU thread, and the CPU would hold a full copy per process. Every process of
+    a job draws the same weights (the same seed, and cards of one kind run the same kernels), as
+    FSDP2 needs to shard one model. ``vocabulary``: the tokenizer's size, which the model's must cover."""
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        raise ModelError(f"cannot read the model config '{source}' (model.random_init): {err}") from None
+    if config.get_text_config().vocab_size < vocabulary:
+        raise ModelError(f"the model config '{source}' has a vocabulary of {config.get_text_config().vocab_size}, "
+                         f"fewer than the tokenizer's {vocabulary} tokens")
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), device:
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
 def reference_model(lm: PreTrainedModel, dtype: torch.dtype | None = None) -> PreTrainedModel:
@@ -123,7 +146,7 @@ def reference_model(lm: PreTrainedModel, dtype: torch.dtype | None = None) -> Pr
 def build_models(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int,
                  device: torch.device) -> tuple[PolicyWithValueHead, PreTrainedModel]:
     """The trainable policy (LM + value head) and the frozen reference, both on ``device``."""
-    lm = load_lm(cfg, tokenizer, seed)
+    lm = load_lm(cfg, tokenizer, seed, device)
     # copied before checkpointing: the reference never runs backward
     ref = reference_model(lm, DTYPES[cfg.reference_dtype] if cfg.reference_dtype else None)
     if cfg.gradient_checkpointing:

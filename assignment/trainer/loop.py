@@ -59,7 +59,7 @@ from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.impl import ImplError
 from assignment.trainer.loading import DTYPES, build_models, compile_layers, load_tokenizer
 from assignment.trainer.ppo import (FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance, guard_advantages, kl_penalties, ppo_update,
-                                   sequence_kl)
+                                   process_minibatches, sequence_kl)
 from assignment.trainer.reward import Score, score
 from assignment.trainer.rollout import Rollout, Sample, collect, generation_copy, refresh_copy, render_prompts
 from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, SAMPLES, Progress, RunLogger, eval_records_path,
@@ -162,9 +162,10 @@ def optimizer_steps(cfg: Config) -> int:
     return cfg.train.steps * cfg.ppo.epochs * per_epoch
 
 
-def minibatches_per_step(cfg: Config) -> int:
-    """Calls of ``ppo_minibatch_update`` in one PPO step: the update's progress bar."""
-    return cfg.ppo.epochs * (cfg.rollout.batch_size // cfg.ppo.minibatch_size)
+def minibatches_per_step(cfg: Config, world_size: int = 1) -> int:
+    """Calls of ``ppo_minibatch_update`` in one PPO step, on each of ``world_size`` processes: the
+    update's progress bar."""
+    return cfg.ppo.epochs * (cfg.rollout.batch_size // world_size // process_minibatches(cfg.ppo, world_size)[0])
 
 
 # --- setting up a run ------------------------------------------------------------------------
@@ -400,13 +401,15 @@ def update(run: Run, cfg: Config, impl: ModuleType, step: int, batch: dict[str, 
         def around(minibatch):
             return grpo.policy_loss_swap(impl, minibatch, cfg, run.kl_ctl.value)
     dist = run.dist
-    with tqdm(total=minibatches_per_step(cfg), desc="update", leave=False, disable=not cfg.train.progress) as bar:
+    calls = minibatches_per_step(cfg, dist.world_size)
+    size, accum = process_minibatches(cfg.ppo, dist.world_size)
+    with tqdm(total=calls, desc="update", leave=False, disable=not cfg.train.progress) as bar:
         metrics = ppo_update(impl, run.model, run.optimizer, run.scheduler, batch, cfg, generator, bar, around,
-                             cfg.ppo.minibatch_size // dist.world_size, dist.mean if dist.active else None)
+                             size, dist.mean if dist.active else None, accum)
     metrics = dist.mean_metrics(metrics)  # each process's means over its own minibatches, averaged
     if metrics["stats/early_stop"]:
         tqdm.write(f"[step {step}] update stopped early after minibatch {int(metrics['stats/minibatches'])} of "
-                   f"{minibatches_per_step(cfg)}: approx_kl {metrics['stats/early_stop_approx_kl']:.4f} > "
+                   f"{calls}: approx_kl {metrics['stats/early_stop_approx_kl']:.4f} > "
                    f"1.5 * ppo.target_kl = {early_stop_bound(cfg.ppo):.4f}")
     return metrics
 
@@ -506,12 +509,15 @@ def log_samples(run: Run, step: int, samples: list[dict[str, Any]]) -> None:
 
 def between_steps(run: Run, cfg: Config, step: int, samples: list[dict[str, Any]]) -> None:
     """After step ``step``: samples, a checkpoint and an evaluation, each when it is due; the
-    last step always saves, then evaluates. Saving first means that an evaluation which crashes
-    (out of memory, say) or is stopped by the time limit costs no training: ``--resume``
-    continues with the evaluation."""
+    last step saves (unless ``train.final_checkpoint`` is false), then evaluates. Saving first
+    means that an evaluation which crashes (out of memory, say) or is stopped by the time limit
+    costs no training: ``--resume`` continues with the evaluation."""
     if cfg.train.num_samples and cfg.train.sample_every and (step == 1 or step % cfg.train.sample_every == 0):
         log_samples(run, step, samples)
-    if step == cfg.train.steps or (cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0):
+    if step == cfg.train.steps:
+        if cfg.train.final_checkpoint:
+            save(run, step)
+    elif cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
         save(run, step)
     if eval_due(cfg, step):
         run_eval(run, cfg, step)
@@ -590,6 +596,10 @@ def _train(cfg: Config, impl: ModuleType, resume: bool, on_step: Callable[[int, 
     if cfg.algorithm != "ppo" and grpo.missing(impl):
         raise ImplError(f"algorithm {cfg.algorithm} needs Part II's exercises; the submission does not define "
                         f"{', '.join(grpo.missing(impl))}")
+    if resume and not cfg.train.final_checkpoint and not (Path(cfg.train.output_dir) / checkpoint.FILENAME).is_file():
+        raise FileNotFoundError(f"no checkpoint to resume from in {cfg.train.output_dir}: the run has "
+                                "train.final_checkpoint=false, which saves none after the last step (and without "
+                                "train.checkpoint_every none before it); start a new run in another train.output_dir")
     out = dist.on_main(lambda: open_run_dir(cfg, resume))
     progress = Progress(out, command, resume, dist.world_size) if dist.is_main else NullProgress()
     run = setup_run(cfg, out, resume, progress, Deadline.after(cfg.train.time_limit_s, started), dist)

@@ -15,6 +15,7 @@ approx_kl > 1.5 * target_kl).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections import defaultdict
@@ -24,10 +25,12 @@ from types import ModuleType
 from typing import Any, Callable, ContextManager, Iterator
 
 import torch
+from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
 
 from assignment.helpers import masked_mean
 from assignment.trainer.batch import minibatches
-from assignment.trainer.config import Config, KLConfig, PPOConfig
+from assignment.trainer.config import Config, ConfigError, KLConfig, PPOConfig
 
 # SB3's factor: a step's update stops once a minibatch's approx_kl passes 1.5 * ppo.target_kl.
 TARGET_KL_FACTOR = 1.5
@@ -206,11 +209,77 @@ def scaled_gradients(model: torch.nn.Module, scale: float | None) -> Iterator[No
             handle.remove()
 
 
+def process_minibatches(ppo: PPOConfig, world_size: int) -> tuple[int, int]:
+    """How each of ``world_size`` processes cuts its share of an optimizer step into exercise-5
+    calls: (rows per call, calls per optimizer step). An optimizer step takes
+    ``ppo.minibatch_size x ppo.grad_accum_steps`` responses of the global batch, ``1 / world_size``
+    of them from each process; by default each process runs ``grad_accum_steps`` calls of
+    ``minibatch_size / world_size`` rows, with ``ppo.process_minibatch_size`` calls of that many
+    rows (fewer, larger ones). Raises ConfigError for a split that does not divide."""
+    step_rows = ppo.minibatch_size * ppo.grad_accum_steps
+    if ppo.minibatch_size % world_size:
+        raise ConfigError(f"ppo.minibatch_size ({ppo.minibatch_size}) is global and must be divisible by the number "
+                          f"of processes ({world_size})")
+    if ppo.process_minibatch_size is None:
+        return ppo.minibatch_size // world_size, ppo.grad_accum_steps
+    share = step_rows // world_size
+    if share % ppo.process_minibatch_size:
+        raise ConfigError(f"ppo.process_minibatch_size ({ppo.process_minibatch_size}) must divide each process's share "
+                          f"of an optimizer step: ppo.minibatch_size x ppo.grad_accum_steps / processes = "
+                          f"{ppo.minibatch_size} x {ppo.grad_accum_steps} / {world_size} = {share} rows")
+    return ppo.process_minibatch_size, share // ppo.process_minibatch_size
+
+
+@contextmanager
+def gradient_sync(model: torch.nn.Module, sync: bool) -> Iterator[None]:
+    """Inside the block, a backward through ``model`` reduces its gradients over the processes
+    (``sync``), or leaves them local, to be summed into the next backward that reduces. A
+    data-parallel update thus reduces once per optimizer step, on the minibatch that steps,
+    instead of after every minibatch: DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync``.
+    Around a whole exercise-5 call: DDP decides in the forward whether its backward reduces.
+    A model of one process: nothing to do.
+
+    FSDP2 keeps the local gradients unsharded until they are reduced: one full float32 copy of
+    the gradients per process during accumulation, where reducing each minibatch keeps 1/N of it
+    (``ppo.grad_accum_steps: 1`` avoids it)."""
+    if sync:
+        yield
+    elif isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def drop_local_gradients(model: torch.nn.Module) -> None:
+    """Discard the gradients a backward under ``gradient_sync(model, False)`` left unreduced: an
+    update stopped early inside an accumulation cycle. DDP keeps them in ``.grad``, which
+    ``optimizer.zero_grad`` clears; FSDP2 keeps them on its unsharded parameters, out of the
+    optimizer's reach, and would add them into the next reduction (the next step's). FSDP2 has no
+    public call for it (torch 2.13): this clears the fields its ``post_backward`` reduces from."""
+    if not isinstance(model, FSDPModule):
+        return
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            for group in module._get_fsdp_state()._fsdp_param_groups:
+                for param in group.fsdp_params:
+                    if hasattr(param, "_unsharded_param"):
+                        param._unsharded_param.grad = None
+                    param.unsharded_accumulated_grad = None
+
+
 def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: Any, batch: dict[str, Any], cfg: Config, generator: torch.Generator,
                progress: Any = None,
                around: Callable[[dict[str, Any]], ContextManager[dict[str, float]]] | None = None,
-               minibatch_size: int | None = None, agree: Callable[[float], float] | None = None) -> dict[str, float]:
+               minibatch_size: int | None = None, agree: Callable[[float], float] | None = None,
+               grad_accum_steps: int | None = None) -> dict[str, float]:
     """``cfg.ppo.epochs`` passes of shuffled minibatches through ``impl.ppo_minibatch_update``.
 
     ``batch`` is the minibatch dict of the contract (handout.md section 4, exercise 5), for the whole rollout (B rows). The
@@ -237,12 +306,15 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     passes none.
 
     Data-parallel (``assignment.trainer.distributed``): ``batch`` is this process's rows,
-    ``minibatch_size`` its share of ``ppo.minibatch_size``, and ``agree`` averages a figure over
-    the processes: the early stop reads the averaged approx_kl, so that all of them stop after
-    the same minibatch (DDP needs every process in every backward).
+    ``minibatch_size`` and ``grad_accum_steps`` how it cuts its share of each optimizer step
+    (``process_minibatches``; exercise 5 reads that ``grad_accum_steps``), and ``agree`` averages
+    a figure over the processes: the early stop reads the averaged approx_kl, so that all of them
+    stop after the same minibatch (DDP needs every process in every backward). Gradients are
+    reduced over the processes once per optimizer step, in the backward of the minibatch that
+    steps (``gradient_sync``).
     """
-    update_cfg = UpdateConfig.from_config(cfg)
-    accum, bound = cfg.ppo.grad_accum_steps, early_stop_bound(cfg.ppo)
+    accum, bound = grad_accum_steps or cfg.ppo.grad_accum_steps, early_stop_bound(cfg.ppo)
+    update_cfg = dataclasses.replace(UpdateConfig.from_config(cfg), grad_accum_steps=accum)
     size = minibatch_size or cfg.ppo.minibatch_size
     length_groups = size * accum if cfg.ppo.length_grouping else 0
     sums: dict[str, float] = defaultdict(float)
@@ -259,7 +331,7 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
             weights = itertools.repeat(None)
         for i, (minibatch, weight) in enumerate(zip(epoch, weights)):
             step_optimizer = (i + 1) % accum == 0
-            with scaled_gradients(policy, weight):
+            with gradient_sync(policy, step_optimizer), scaled_gradients(policy, weight):
                 if around is None:
                     metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
                 else:
@@ -284,6 +356,7 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
         if stopped:
             break
     optimizer.zero_grad(set_to_none=True)  # an early stop's unfinished cycle is discarded here
+    drop_local_gradients(policy)  # and under FSDP2 its unreduced gradients too
     means = {key: sums[key] / counts[key] for key in sums} | first
     means.update({"stats/lr": scheduler.get_last_lr()[0], "stats/minibatches": float(ran),
                   "stats/early_stop": float(stopped)})

@@ -1,0 +1,126 @@
+"""benchmarks/scaling.py: the scaling report's records, their check and their efficiencies; the
+launches run on CPU (gloo) with the tiny synthetic model, where the numbers mean nothing."""
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from assignment.trainer.impl import load_module
+from assignment.trainer.runlog import read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+scaling = load_module(ROOT / "benchmarks" / "scaling.py")
+REPORT = ROOT / "reports" / "multi_gpu" / "scaling.json"
+TINY = ["model.hidden_size=32", "rollout.batch_size=8", "ppo.minibatch_size=4", "train.cpu_threads=1",
+        "train.tensorboard=false"]
+
+
+def record(launch="single", gpus=1, card="NVIDIA H100 80GB HBM3", tokens_per_second=100.0, **changes):
+    return {"launch": launch, "gpus": gpus, "card": card, "seconds_per_step": 10.0,
+            "tokens_per_second": tokens_per_second, "peak_memory_gib": 35.6, "command": "python -m assignment.trainer",
+            **changes}
+
+
+@pytest.mark.slow
+def test_the_script_measures_one_process_and_ddp_on_two_and_writes_checked_records(tmp_path):
+    out, runs = tmp_path / "scaling.json", tmp_path / "runs"
+    assert scaling.main(["--config", str(ROOT / "configs" / "cpu_synthetic.yaml"), "--launches", "single", "ddp:2",
+                         "--steps", "6", "--runs-dir", str(runs), "--out", str(out), *TINY]) == 0
+    records = scaling.read(out)  # the form check passes
+    assert [(r["launch"], r["gpus"], r["card"], r["peak_memory_gib"]) for r in records] == [
+        ("single", 1, "cpu", None), ("ddp", 2, "cpu", None)]
+    ddp = records[1]["command"]
+    assert "NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1" in ddp
+    assert "accelerate launch --config_file configs/accelerate/ddp.yaml --num_processes 2" in ddp
+    # The medians of steps 2-6 of the run's own metrics; tokens are the whole batch's real ones.
+    metrics = read_jsonl(runs / "ddp_2" / "metrics.jsonl")[1:]
+    assert len(metrics) == 5 and read_jsonl(runs / "ddp_2" / "metrics.jsonl")[0]["step"] == 1
+    seconds = [m["time/rollout"] + m["time/update"] for m in metrics]
+    assert records[1]["seconds_per_step"] == statistics.median(seconds)
+    assert records[1]["tokens_per_second"] == statistics.median(
+        m["rollout/response_length"] * 8 / s for m, s in zip(metrics, seconds))
+    [(launch, gpus, card, efficiency)] = scaling.efficiencies(records)
+    assert (launch, gpus, card) == ("ddp", 2, "cpu")
+    assert efficiency == records[1]["tokens_per_second"] / (2 * records[0]["tokens_per_second"])
+    assert not (runs / "ddp_2" / "checkpoint.pt").exists()  # train.final_checkpoint=false
+
+
+def test_efficiency_is_tokens_per_second_against_n_single_gpus_of_the_same_card():
+    records = [record(), record("ddp", 2, tokens_per_second=180.0), record("ddp", 4, tokens_per_second=300.0),
+               record(card="NVIDIA H200", tokens_per_second=120.0), record("fsdp", 2, card="NVIDIA H200",
+                                                                            tokens_per_second=120.0)]
+    scaling.check(records)
+    assert scaling.efficiencies(records) == [("ddp", 2, "NVIDIA H100 80GB HBM3", 0.9),
+                                             ("ddp", 4, "NVIDIA H100 80GB HBM3", 0.75),
+                                             ("fsdp", 2, "NVIDIA H200", 0.5)]
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.pop("command"), "must have exactly the keys"),
+    (lambda r: r.update(seconds=1.0), "must have exactly the keys"),
+    (lambda r: r.update(launch="tp"), "launch must be one of"),
+    (lambda r: r.update(gpus=1), "gpus must be 1 for single and an integer >= 2"),
+    (lambda r: r.update(gpus=2.0), "gpus must be 1 for single and an integer >= 2"),
+    (lambda r: r.update(card=""), "card must be the nvidia-smi name"),
+    (lambda r: r.update(seconds_per_step=0), "seconds_per_step must be a number > 0"),
+    (lambda r: r.update(tokens_per_second="fast"), "tokens_per_second must be a number > 0"),
+    (lambda r: r.update(peak_memory_gib=None), r"null only on card cpu"),
+    (lambda r: r.update(command=" "), "command must be the command that ran"),
+    (lambda r: r.update(card="NVIDIA A100"), "has no single-GPU record of the same card"),
+])
+def test_a_malformed_record_is_refused_with_its_reason(change, message):
+    records = [record(), record("ddp", 2)]
+    change(records[1])
+    with pytest.raises(scaling.ScalingError, match=message):
+        scaling.check(records)
+
+
+def test_a_file_that_is_not_a_list_of_unique_records_is_refused(tmp_path, capsys):
+    with pytest.raises(scaling.ScalingError, match="non-empty JSON list"):
+        scaling.check({"launch": "single"})
+    with pytest.raises(scaling.ScalingError, match="a second record of the same launch"):
+        scaling.check([record(), record(), record("ddp", 2)])
+    bad = tmp_path / "scaling.json"
+    bad.write_text("[{")
+    assert scaling.main(["--check", str(bad)]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_medians_leave_the_first_step_out_and_need_five_more():
+    steps = [{"time/rollout": 50.0, "time/update": 50.0, "rollout/response_length": 10.0,
+              "memory/peak_memory_gib": 40.0}]  # the first step: compiling, left out
+    steps += [{"time/rollout": 1.0, "time/update": float(s), "rollout/response_length": 10.0,
+               "memory/peak_memory_gib": 30.0 + s} for s in (1, 2, 3, 4, 9)]
+    assert scaling.summarize(steps, 4) == {"seconds_per_step": 4.0, "tokens_per_second": 10.0,
+                                           "peak_memory_gib": 39.0}
+    with pytest.raises(scaling.ScalingError, match="the first and 5 more"):
+        scaling.summarize(steps[:5], 4)
+
+
+def test_launches_are_named_single_ddp_n_or_fsdp_n(capsys):
+    assert [scaling.parse_launch(t) for t in ("single", "ddp:2", "fsdp:4")] == [("single", 1), ("ddp", 2), ("fsdp", 4)]
+    for text in ("single:2", "ddp", "ddp:1", "tp:2"):
+        with pytest.raises(scaling.ScalingError, match="must be single, ddp:N or fsdp:N"):
+            scaling.parse_launch(text)
+    assert scaling.main(["--config", "c.yaml", "--out", "o.json", "--launches", "ddp:x"]) == 2
+    assert "launch 'ddp:x'" in capsys.readouterr().err
+
+
+def test_merging_replaces_a_launch_measured_again():
+    old = [record(), record("ddp", 2, tokens_per_second=150.0)]
+    merged = scaling.merge(old, [record("ddp", 2, tokens_per_second=180.0), record("fsdp", 2)])
+    assert [(r["launch"], r["gpus"], r["tokens_per_second"]) for r in merged] == [
+        ("single", 1, 100.0), ("ddp", 2, 180.0), ("fsdp", 2, 100.0)]
+    assert old[1]["tokens_per_second"] == 150.0  # the old list is left as it was
+
+
+@pytest.mark.skipif(not REPORT.exists(), reason="reports/multi_gpu/scaling.json is not measured yet")
+def test_the_committed_scaling_report_has_every_launch_on_one_card():
+    records = scaling.read(REPORT)
+    assert len({r["card"] for r in records}) == 1, "all measured on one machine"
+    assert {(r["launch"], r["gpus"]) for r in records} >= {("single", 1), ("ddp", 2), ("ddp", 4), ("fsdp", 2), ("fsdp", 4)}
+    for launch, gpus, card, efficiency in scaling.efficiencies(records):
+        print(f"{launch} on {gpus} x {card}: efficiency {efficiency:.3f}")
+    assert json.loads(REPORT.read_text()) == records
