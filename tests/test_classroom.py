@@ -1098,6 +1098,23 @@ def test_a_moodle_download_in_folders_is_keyed_by_participant(tmp_path, monkeypa
     assert "2 entries and none plainly the one to grade" in found.students[1].problem
 
 
+def test_restart_reads_no_results_file_to_plan(tmp_path, monkeypatch):
+    """--restart grades everyone: whether a result is current is never asked (each read is a
+    results file parsed, hundreds of them in a class)."""
+    subs, reads = tmp_path / "subs", []
+    subs.mkdir()
+    for sid in ("a", "b"):
+        (subs / f"{sid}.py").write_text("x\n")
+    students = discovery.discover(subs).students
+    graded_before = {s.id: {"run": "key", "stamp": discovery.stamp(s)} for s in students}  # as batch-state.json says
+    monkeypatch.setattr(state, "read_results", lambda out, sid: reads.append(sid))
+    assert [s.id for s in state.plan(students, tmp_path, graded_before, "key", restart=True).todo] == ["a", "b"]
+    assert reads == []
+    state.plan(students, tmp_path, graded_before, "key", restart=False)
+    assert reads == ["a", "b"]
+
+
+
 def test_the_layout_is_recognised_and_can_be_named():
     layout = next(a for a in cli.build_parser()._actions if a.dest == "layout")
     assert tuple(layout.choices) == exports.LAYOUTS  # the CLI names them without importing the classroom
