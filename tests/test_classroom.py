@@ -1115,6 +1115,27 @@ def test_restart_reads_no_results_file_to_plan(tmp_path, monkeypatch):
 
 
 
+def test_a_canvas_export_with_first_and_last_names_apart(tmp_path):
+    """Canvas's "LastName,FirstName" export (a course setting): the name joined first-last, each
+    part's = guard undone; the import file copies both columns as exported."""
+    export = tmp_path / "grades.csv"
+    export.write_text('LastName,FirstName,ID,SIS User ID,SIS Login ID,Section,PPO exercises (5001)\n'
+                      ',,,,,,Manual Posting\n    Points Possible,,,,,,100.00\n'
+                      'Müller,José,4101,900101,jmuller,Section A,\n"=""=Smith""","=""=Al""",4102,,asmith,Section B,\n',
+                      encoding="utf-8")
+    found = roster.load_canvas(export)
+    assert found.columns == ["name", "sis user id", "sis login id", "section"]
+    assert {k: v["name"] for k, v in found.students.items()} == {"4101": "José Müller", "4102": "=Al =Smith"}
+    assert found.canvas.assignments == {"PPO exercises (5001)": "100.00"}
+    book = gradebook.Gradebook([1], [(1, "loss")], [gradebook.Row("4101", "graded", 90.0, 100.0),
+                                                    gradebook.Row("4102", "graded", 80.0, 100.0)], sid_column="student")
+    text, notes = upload.canvas_csv(book, found.canvas, "PPO exercises (5001)", None)
+    assert text == ("LastName,FirstName,ID,SIS User ID,SIS Login ID,Section,PPO exercises (5001)\n"
+                    "Müller,José,4101,900101,jmuller,Section A,90\n\"=\"\"=Smith\"\"\",\"=\"\"=Al\"\"\",4102,,asmith,Section B,80\n")
+    assert notes == []
+
+
+
 def test_the_layout_is_recognised_and_can_be_named():
     layout = next(a for a in cli.build_parser()._actions if a.dest == "layout")
     assert tuple(layout.choices) == exports.LAYOUTS  # the CLI names them without importing the classroom
