@@ -132,8 +132,8 @@ def load_canvas(path: Path) -> Roster:
         elif row[columns[CANVAS_ID]].strip():
             uid = row[columns[CANVAS_ID]].strip()
             students[uid] = row[:len(info)]
-            name = f"{_unquoted(row[1].strip())} {_unquoted(row[0].strip())}" if first_last else _unquoted(row[0].strip())
-            fields[uid] = {"name": name,
+            name = [_unquoted(row[1].strip()), _unquoted(row[0].strip())] if first_last else [_unquoted(row[0].strip())]
+            fields[uid] = {"name": " ".join(name),
                            **{ours: row[columns[theirs]].strip() for theirs, ours in CANVAS_COPIED.items()
                               if theirs in columns}}
     copied = ["name", *(ours for theirs, ours in CANVAS_COPIED.items() if theirs in columns)]
