@@ -465,12 +465,15 @@ def test_layouts(tmp_path):
     (root / "xavier").mkdir()
     (root / "xavier" / "exercises.py").write_text("x")
     (root / "xavier" / "exercises_old.py").write_text("x")
+    (root / "yan").mkdir()
+    (root / "yan" / "exercises.PY").write_text("x")  # the graded name, typed in capitals
+    (root / "yan" / "helpers.py").write_text("x")
     (root / "out").mkdir()
     (root / "__MACOSX").mkdir()  # what a Mac's unzip adds: no student
     (root / "__MACOSX" / "._a.py").write_text("x")
     found = discovery.discover(root, skip=(root / "out",))
     by_id = {s.id: s for s in found.students}
-    assert list(by_id) == ["a", "b", "c", "d", "e", "f", "rita", "xavier"]
+    assert list(by_id) == ["a", "b", "c", "d", "e", "f", "rita", "xavier", "yan"]
     assert found.ignored == [".hidden.py", "__MACOSX/", "README.txt"]
     assert by_id["a"].path == root / "a.py" and by_id["a"].folder == root
     assert by_id["b"].path == root / "b" / "exercises.py" and by_id["b"].folder == root / "b"
@@ -479,8 +482,10 @@ def test_layouts(tmp_path):
     assert by_id["e"].path is None and "two submissions" in by_id["e"].problem
     assert by_id["rita"].path == root / "rita.PY"
     assert by_id["xavier"].path == root / "xavier" / "exercises.py"
+    assert by_id["yan"].path == root / "yan" / "exercises.PY"
     notices = {n.entry: n for n in found.notices}
-    assert sorted(notices) == [".hidden.py", "README.txt", "__MACOSX/", "b/helpers.py", "rita.PY", "xavier/exercises_old.py"]
+    assert sorted(notices) == [".hidden.py", "README.txt", "__MACOSX/", "b/helpers.py", "rita.PY", "xavier/exercises_old.py",
+                               "yan/helpers.py"]
     assert notices["__MACOSX/"].why == "hidden, cache or archive entry, not a student"
     assert notices["xavier/exercises_old.py"].student == "xavier" and "xavier/exercises.py is" in \
         notices["xavier/exercises_old.py"].why
@@ -1217,6 +1222,20 @@ def test_a_canvas_name_that_reads_two_ways_takes_the_user_id_of_the_gradebook_ex
     assert [(s.id, s.persons[0].fields["name"]) for s in alone.students] == [("12", "kimlab")]
     joined = exports.discover_class(subs, known=frozenset({"4101", "4102"}))
     assert [(s.id, s.persons[0].fields["name"], s.path.name) for s in joined.students] == [("4101", "kimlab_12", name)]
+
+
+def test_which_canvas_file_is_graded_follows_the_rule_of_a_folder(tmp_path):
+    """discovery.choose for a Canvas user: exercises.py (in any case) before a helper uploaded
+    after it; two .py files and no exercises.py: the latest upload, with a note."""
+    for user, attachment, name in [(4107, 90001, "exercises.PY"), (4107, 90002, "helpers.py"),
+                                   (4108, 90003, "ppo.py"), (4108, 90004, "ppo_v2.py")]:
+        (tmp_path / canvas_file_name("Lee, Kim", user, attachment, name)).write_text(code("full"), encoding="utf-8")
+    found = {s.id: s for s in exports.discover_class(tmp_path).students}
+    assert found["4107"].path.name == "leekim_4107_90001_exercises.PY" and found["4107"].persons[0].note == ""
+    assert found["4108"].path.name == "leekim_4108_90004_ppo_v2.py"
+    assert found["4108"].persons[0].note.startswith(
+        "2 .py files (leekim_4108_90004_ppo_v2.py, leekim_4108_90003_ppo.py): graded leekim_4108_90004_ppo_v2.py, "
+        "the latest upload")
 
 
 def test_a_folder_that_is_not_the_layout_named_or_holds_an_export_beside_its_zip_says_what_to_pass(tmp_path, capsys):

@@ -171,10 +171,12 @@ class Choice:
 
 def choose(where: str, files: list[Candidate]) -> Choice:
     """The file of a submission to grade among ``files`` (``where``: how the reason names the
-    submission): the one named exercises.py, else the only .py file; several that qualify give
-    the latest upload where every one has an order (with a note), else none (a problem)."""
+    submission): the one named exercises.py (in any case if none is so named exactly), else the
+    only .py file; several that qualify give the latest upload where every one has an order
+    (with a note), else none (a problem)."""
     python = [f for f in files if is_submission_name(f.name) and not f.name.startswith(".")]
-    named = [f for f in python if f.name == GRADED_NAME]
+    # exercises.py, else the name in another case (exercises.PY: upload tools keep what was typed)
+    named = [f for f in python if f.name == GRADED_NAME] or [f for f in python if f.name.lower() == GRADED_NAME]
     pool = named or python
     listed = ", ".join(f.shown for f in pool)
     if len(pool) == 1:
