@@ -465,11 +465,16 @@ def test_layouts(tmp_path):
     (root / "xavier").mkdir()
     (root / "xavier" / "exercises.py").write_text("x")
     (root / "xavier" / "exercises_old.py").write_text("x")
+    (root / "yan").mkdir()
+    (root / "yan" / "exercises.PY").write_text("x")  # the graded name, typed in capitals
+    (root / "yan" / "helpers.py").write_text("x")
     (root / "out").mkdir()
+    (root / "__MACOSX").mkdir()  # what a Mac's unzip adds: no student
+    (root / "__MACOSX" / "._a.py").write_text("x")
     found = discovery.discover(root, skip=(root / "out",))
     by_id = {s.id: s for s in found.students}
-    assert list(by_id) == ["a", "b", "c", "d", "e", "f", "rita", "xavier"]
-    assert found.ignored == [".hidden.py", "README.txt"]
+    assert list(by_id) == ["a", "b", "c", "d", "e", "f", "rita", "xavier", "yan"]
+    assert found.ignored == [".hidden.py", "__MACOSX/", "README.txt"]
     assert by_id["a"].path == root / "a.py" and by_id["a"].folder == root
     assert by_id["b"].path == root / "b" / "exercises.py" and by_id["b"].folder == root / "b"
     assert by_id["c"].path == root / "c" / "one.py"
@@ -477,8 +482,11 @@ def test_layouts(tmp_path):
     assert by_id["e"].path is None and "two submissions" in by_id["e"].problem
     assert by_id["rita"].path == root / "rita.PY"
     assert by_id["xavier"].path == root / "xavier" / "exercises.py"
+    assert by_id["yan"].path == root / "yan" / "exercises.PY"
     notices = {n.entry: n for n in found.notices}
-    assert sorted(notices) == [".hidden.py", "README.txt", "b/helpers.py", "rita.PY", "xavier/exercises_old.py"]
+    assert sorted(notices) == [".hidden.py", "README.txt", "__MACOSX/", "b/helpers.py", "rita.PY", "xavier/exercises_old.py",
+                               "yan/helpers.py"]
+    assert notices["__MACOSX/"].why == "hidden, cache or archive entry, not a student"
     assert notices["xavier/exercises_old.py"].student == "xavier" and "xavier/exercises.py is" in \
         notices["xavier/exercises_old.py"].why
     assert notices["rita.PY"].student == "rita" and "not lowercase" in notices["rita.PY"].why
@@ -748,7 +756,7 @@ def test_gradebook_csv_opens_in_spreadsheets_and_takes_names_from_a_roster(tmp_p
     assert "'=cmd" in rows and rows["'=cmd"]["name"] == "Mallory"
     assert rows["s003"]["reason"] == "no submission" and rows["s003"]["total"] == ""
     assert "s003 is in the roster but has no submission" in capsys.readouterr().err
-    assert "| s003 (Absent Student) | no submission (in the roster) |" in (out / "summary.md").read_text()
+    assert "| s003 (Absent Student) | no submission |" in (out / "summary.md").read_text()
 
     roster_csv.write_text("id,name\ns001,José\n", encoding="utf-8")  # s002 and =cmd are missing
     assert cli.main([str(subs), "--out", str(out), "--roster", str(roster_csv)]) == 1
@@ -858,8 +866,8 @@ def test_a_gradescope_export_is_keyed_by_its_submitters(tmp_path, monkeypatch, c
     subs, out = gradescope_export(tmp_path / "export"), tmp_path / "out"
     monkeypatch.setattr(run, "run_pool", in_process(scripted_grade))
     assert cli.main([str(subs), "--out", str(out)]) == 0
-    err = capsys.readouterr().err
-    assert "read " in err and "as a Gradescope export (submission_metadata.yml): 7 students in 6 gradings" in err
+    printed = capsys.readouterr()
+    assert "read " in printed.err and "as a Gradescope export (submission_metadata.yml): 7 students in 6 gradings" in printed.err
     rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
     assert list(next(iter(rows.values())))[:11] == ["student", "name", "sid", "email", "submitted", "file", "total",
                                                     "max", "bonus", "bonus max", "reason"]
@@ -877,8 +885,10 @@ def test_a_gradescope_export_is_keyed_by_its_submitters(tmp_path, monkeypatch, c
         "12349": ("Bob Stone", "12349", "bob@example.edu", "2025-03-01 12:30:00-08:00",
                   "submission_301000004/exercises.py", "0", "0",
                   "syntax error: raised SyntaxError: '(' was never closed (submission_301000004/exercises.py, line 3)"),
-        "12350": ("Cleo Park", "12350", "cleo@example.edu", "2025-03-01 13:00:00-08:00", "submission_301000005/", "0",
-                  "0", "refused: submission_301000005/ is listed in submission_metadata.yml but is not in the export"),
+        # a partial unzip: no grade at all (a 0 uploaded would overwrite the real one)
+        "12350": ("Cleo Park", "12350", "cleo@example.edu", "2025-03-01 13:00:00-08:00", "submission_301000005/", "",
+                  "", "submission_301000005/ is listed in submission_metadata.yml but is not in the export: "
+                      "unzip the export again"),
         "submission_301000006": ("", "", "", "", "submission_301000006/exercises.py", max_, bonus_max,
                                  "not in submission_metadata.yml: graded under its folder's name, no student known"),
     }
@@ -886,22 +896,26 @@ def test_a_gradescope_export_is_keyed_by_its_submitters(tmp_path, monkeypatch, c
         row = rows[key]
         assert (row["name"], row["sid"], row["email"], row["submitted"], row["file"], row["total"], row["max"],
                 row["bonus"], row["bonus max"], row["reason"]) == \
-            (name, sid, email, submitted, file, total, max_, bonus, bonus_max, reason), key
+            (name, sid, email, submitted, file, total, max_ if total else "", bonus, bonus_max if total else "",
+             reason), key
+    assert rows["12350"]["status"] == "not graded"
     assert all(rows[k][f"ex{n}"] == rows["12346"][f"ex{n}"] for k in ("12347",) for n in CHECKS)  # one grading
-    assert sorted(p.name for p in (out / "results").iterdir()) == [f"submission_30100000{i}.json" for i in (1, 2, 3, 4, 5, 6)]
+    assert sorted(p.name for p in (out / "results").iterdir()) == [f"submission_30100000{i}.json" for i in (1, 2, 3, 4, 6)]
 
-    # grades.csv: email,sid,name,score with the bonus added; who has no grade is left out (none here)
+    # grades.csv: email,sid,name,score with the bonus added; left out: Cleo (no grade: her folder is
+    # missing) and the unlisted folder (no email or sid: no platform could match it), both named
     graded = list(csv.reader(io.StringIO((out / "grades.csv").read_text(encoding="utf-8"))))
     assert graded[0] == ["email", "sid", "name", "score"]
     assert {tuple(r) for r in graded[1:]} == {
         ("jose@example.edu", "12345", "José Müller", f"{PART_ONE_MAX + BONUS_MAX:g}"),
         ("siobhan@example.edu", "12346", "Siobhán O'Brien", max_), ("zoe@example.edu", "12347", "Zoë Ødegård", max_),
         ("ann@example.edu", "", "Ann Lee", f"{PART_ONE_MAX - LOSS_POINTS + BONUS_MAX:g}"),
-        ("bob@example.edu", "12349", "Bob Stone", "0"), ("cleo@example.edu", "12350", "Cleo Park", "0"),
-        ("", "", "", f"{PART_ONE_MAX + BONUS_MAX:g}")}
+        ("bob@example.edu", "12349", "Bob Stone", "0")}
+    assert f"warning: not in grades.csv: {upload.NO_GRADE}: 12350" in printed.out
+    assert f"warning: not in grades.csv: {upload.NOBODY}: submission_301000006" in printed.out
 
     # feedback per student (a group's members one each), similarity and summary by name
-    assert sorted(p.name for p in (out / "feedback").iterdir()) == sorted(f"{k}.md" for k in expected)
+    assert sorted(p.name for p in (out / "feedback").iterdir()) == sorted(f"{k}.md" for k in expected if k != "12350")
     assert (out / "feedback" / "12347.md").read_text().startswith("# Feedback for 12347 (Zoë Ødegård)\n")
     similar = (out / "similarity.md").read_text()
     assert "| 12345 (José Müller) | 100% | yes |" in similar
@@ -998,7 +1012,7 @@ def test_a_canvas_download_is_keyed_by_user_id_and_gives_canvas_its_import_file(
         "4199": ("Student, Test", "", "", "", "", "no submission"),  # Canvas's test student, in its gradebook
         # the name with the gradebook's guard: a spreadsheet would run =Eve
         "4104": ("'=Eve", "", "900104", "eve_4104_90004_exercises.ipynb", "0",
-                 "refused: no .py file submitted (only exercises.ipynb)"),
+                 "refused: the submission holds no .py file (only eve_4104_90004_exercises.ipynb): submit exercises.py"),
         "4106": ("Wu, Carol", "late", "900106", "wucarol_LATE_4106_90006_exercises-1.py", "0",
                  "syntax error: raised SyntaxError: '(' was never closed (wucarol_LATE_4106_90006_exercises-1.py, line 3)"),
         "4200": ("latelarry", "", "", "latelarry_4200_90020_exercises.py", f"{PART_ONE_MAX - LOSS_POINTS:g}", ""),
@@ -1012,6 +1026,9 @@ def test_a_canvas_download_is_keyed_by_user_id_and_gives_canvas_its_import_file(
         assert (row["name"], row["late"], row["sis user id"], row["file"], row["total"]) == (name, late, sis, file, total), key
         assert row["reason"].startswith(reason) and (reason or not row["reason"]), (key, row["reason"])
     assert rows["4106"]["section"] == "Section A and Section B" and rows["4101"]["user id"] == "4101"
+    # a student of the export without a file: their user id in its column, and why (a group's other members)
+    assert (rows["4103"]["user id"], rows["4199"]["user id"]) == ("4103", "4199")
+    assert rows["4103"]["reason"] == run.NO_CANVAS_FILE and "group assignment" in run.NO_CANVAS_FILE
 
     # canvas-import.csv: the export's student columns as exported, the assignment's column, the
     # graded students the export knows, in its order; no Points Possible row
@@ -1027,8 +1044,9 @@ def test_a_canvas_download_is_keyed_by_user_id_and_gives_canvas_its_import_file(
     assert (out / "feedback" / "4101.md").read_text().startswith("# Feedback for 4101 (Müller, José)\n")
     assert "| 4101 (Müller, José) | 100% | yes |" in (out / "similarity.md").read_text()
     summary = (out / "summary.md").read_text()
-    assert "not in canvas-import.csv: 4200, solution_by_hand" in summary
-    assert "not in grades.csv or canvas-import.csv (no grade: no submission or a grader failure): 4103, 4199" in summary
+    assert "not in canvas-import.csv: 4200\n" in summary
+    assert f"not in grades.csv or canvas-import.csv: {upload.NO_GRADE}: 4103, 4199\n" in summary
+    assert f"not in grades.csv or canvas-import.csv: {upload.NOBODY}: solution_by_hand\n" in summary
 
     # a second download unzipped over the first: the same files again, and Carol's new upload
     # beside her old one (a new attachment id, the -2 of a name uploaded again): the same keys
@@ -1088,14 +1106,254 @@ def test_a_moodle_download_in_folders_is_keyed_by_participant(tmp_path, monkeypa
         "1001": ("José Müller", "1001", "José Müller_1001_assignsubmission_file/exercises.py", ""),
         "1002": ("Ann Lee", "1002", "Ann Lee_1002_assignsubmission_file/ppo.py", "")}
     assert "not graded: a Moodle 'onlinetext' submission" in (out / "summary.md").read_text()
-    flat = tmp_path / "flat"
-    flat.mkdir()
-    (flat / "José Müller_1001_assignsubmission_file_exercises.py").write_text("x")
-    (flat / "Ann Lee_1002_assignsubmission_file_ppo.py").write_text("x")
-    (flat / "Ann Lee_1002_assignsubmission_file_helpers.py").write_text("x")
-    found = exports.discover_class(flat)
-    assert found.layout == exports.MOODLE and [s.id for s in found.students] == ["1001", "1002"]
-    assert "2 entries and none plainly the one to grade" in found.students[1].problem
+
+
+def test_moodle_flat_files_take_the_rule_of_a_folder_and_grades_csv_carries_no_participant_id(tmp_path, monkeypatch,
+                                                                                               capsys):
+    """Flat files (folders off) through the CLI: exercises.py beside a helper is graded, two .py
+    files and no exercises.py are refused, as in a student's folder. Moodle's CSV import matches
+    by email, username or ID number, never by participant id: grades.csv leaves sid blank, and a
+    row without an email (no --roster) is left out, named."""
+    subs, out = tmp_path / "flat", tmp_path / "out"
+    subs.mkdir()
+    for name, text in [("José Müller_1001_assignsubmission_file_exercises.py", code("full")),
+                       ("José Müller_1001_assignsubmission_file_helpers.py", code("full", "a helper")),
+                       ("Ann Lee_1002_assignsubmission_file_ppo.py", code("full", "ppo")),
+                       ("Ann Lee_1002_assignsubmission_file_helpers.py", code("full", "helpers")),
+                       ("Bo Li_1003_assignsubmission_file_ppo.py", code("sign"))]:
+        (subs / name).write_text(text, encoding="utf-8")
+    monkeypatch.setattr(run, "run_pool", in_process(scripted_grade))
+    assert cli.main([str(subs), "--out", str(out)]) == 0
+    rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
+    assert {k: (r["participant id"], r["file"], r["total"]) for k, r in rows.items()} == {
+        "1001": ("1001", "José Müller_1001_assignsubmission_file_exercises.py", f"{PART_ONE_MAX:g}"),
+        "1002": ("1002", "Ann Lee_1002_assignsubmission_file_helpers.py, Ann Lee_1002_assignsubmission_file_ppo.py", "0"),
+        "1003": ("1003", "Bo Li_1003_assignsubmission_file_ppo.py", f"{PART_ONE_MAX - LOSS_POINTS:g}")}
+    assert rows["1002"]["reason"] == (
+        "refused: the submission holds 2 .py files (Ann Lee_1002_assignsubmission_file_helpers.py, "
+        "Ann Lee_1002_assignsubmission_file_ppo.py) and no exercises.py: submit only exercises.py")
+    assert "`José Müller_1001_assignsubmission_file_helpers.py`: not graded: José Müller_1001_assignsubmission_file_" \
+           "exercises.py is" in (out / "summary.md").read_text()
+    assert (out / "grades.csv").read_text(encoding="utf-8") == "email,sid,name,score\n"
+    assert f"warning: not in grades.csv: {upload.NOBODY}: 1001, 1002, 1003" in capsys.readouterr().out
+
+    roster_csv = tmp_path / "roster.csv"
+    roster_csv.write_text("id,name,email\n1001,José Müller,jose@example.edu\n1002,Ann Lee,ann@example.edu\n"
+                          "1003,Bo Li,bo@example.edu\n1004,Cy Ng,cy@example.edu\n", encoding="utf-8")
+    assert cli.main([str(subs), "--out", str(out), "--roster", str(roster_csv)]) == 0
+    assert list(csv.reader(io.StringIO((out / "grades.csv").read_text(encoding="utf-8")))) == [
+        ["email", "sid", "name", "score"], ["jose@example.edu", "", "José Müller", f"{PART_ONE_MAX + BONUS_MAX:g}"],
+        ["ann@example.edu", "", "Ann Lee", "0"],
+        ["bo@example.edu", "", "Bo Li", f"{PART_ONE_MAX - LOSS_POINTS + BONUS_MAX:g}"]]
+    absent = {r["student"]: r for r in read_csv(out / "gradebook.csv")}["1004"]
+    assert (absent["participant id"], absent["email"], absent["reason"]) == ("1004", "cy@example.edu", "no submission")
+
+
+def test_canvas_files_outside_the_scheme_never_share_a_results_file(tmp_path, monkeypatch):
+    """Stray files are graded under their names made safe: "a b.py" and "a_b.py" are both a_b,
+    "x.py" and "x.PY" both x, and a stray "4101.py" is user 4101's id. Each grading keeps its own
+    results file and grade (-2 for the later one, noted); the user keeps theirs."""
+    subs, out = tmp_path / "canvas", tmp_path / "out"
+    subs.mkdir()
+    files = {canvas_file_name("Müller, José", 4101, 90001, "exercises.py"): code("full", SOLUTION.read_text()),
+             "a b.py": code("sign", "a b"), "a_b.py": code("syntax"), "x.py": code("part one", "x"),
+             "x.PY": code("sign", "x upper"), "4101.py": code("syntax", "a stray 4101")}
+    for name, text in files.items():
+        (subs / name).write_text(text, encoding="utf-8")
+    monkeypatch.setattr(run, "run_pool", in_process(scripted_grade))
+    assert cli.main([str(subs), "--out", str(out), "--layout", "canvas"]) == 0
+    rows = {r["student"]: (r["file"], r["total"], r["bonus"]) for r in read_csv(out / "gradebook.csv")}
+    sign = f"{PART_ONE_MAX - LOSS_POINTS:g}"
+    assert rows == {"4101": ("müllerjosé_4101_90001_exercises.py", f"{PART_ONE_MAX:g}", f"{BONUS_MAX:g}"),
+                    "4101-2": ("4101.py", "0", "0"), "a_b": ("a b.py", sign, f"{BONUS_MAX:g}"),
+                    "a_b-2": ("a_b.py", "0", "0"), "x": ("x.PY", sign, f"{BONUS_MAX:g}"),
+                    "x-2": ("x.py", f"{PART_ONE_MAX:g}", "0")}
+    assert sorted(p.stem for p in (out / "results").iterdir()) == sorted(rows)
+    summary = (out / "summary.md").read_text()
+    assert "- `a_b.py`: graded as a_b-2: the id a_b is a b.py's" in summary
+    assert "- `4101.py`: graded as 4101-2: the id 4101 is müllerjosé_4101_90001_exercises.py's" in summary
+
+
+def test_canvas_text_and_url_entries_are_submissions_and_an_anonymous_download_is_keyed_by_its_ids(tmp_path,
+                                                                                                 monkeypatch):
+    """Canvas writes a text entry as <name>[_LATE]_<user id>_text.html and a URL as ..._link.html
+    (content_zipper.rb, add_text_or_url): the student submitted, so the row says what (0 and the
+    reason), never "no submission"; and such pages count towards recognising the download."""
+    subs, out, export = tmp_path / "canvas", tmp_path / "out", tmp_path / "grades.csv"
+    subs.mkdir()
+    (subs / canvas_file_name("Müller, José", 4101, 90001, "exercises.py")).write_text(code("full"), encoding="utf-8")
+    (subs / "obriensiobhán_4102_text.html").write_text("<p>my answer</p>", encoding="utf-8")
+    (subs / "wucarol_LATE_4106_link.html").write_text("<a href='https://x'>", encoding="utf-8")
+    export.write_text(CANVAS_EXPORT, encoding="utf-8")
+    assert exports.detect(subs) == exports.CANVAS  # 1 upload and 2 pages: all three in Canvas's scheme
+    monkeypatch.setattr(run, "run_pool", in_process(scripted_grade))
+    assert cli.main([str(subs), "--out", str(out), "--canvas-gradebook", str(export),
+                     "--canvas-assignment", "PPO exercises"]) == 0
+    rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
+    assert {k: (r["late"], r["total"], r["reason"]) for k, r in rows.items() if k in ("4102", "4106")} == {
+        "4102": ("", "0", "refused: a text entry submitted in Canvas (obriensiobhán_4102_text.html), not a .py "
+                          "file: submit exercises.py as a file upload"),
+        "4106": ("late", "0", "refused: a website URL submitted in Canvas (wucarol_LATE_4106_link.html), not a .py "
+                              "file: submit exercises.py as a file upload")}
+    imported = list(csv.reader(io.StringIO((out / "canvas-import.csv").read_text(encoding="utf-8"))))
+    assert [r[1] for r in imported[1:]] == ["4101", "4102", "4106"]
+
+    anonymous, out = tmp_path / "anonymous", tmp_path / "out-anonymous"
+    anonymous.mkdir()
+    for name, text in [("anon_x8Kq2_90123_exercises.py", code("full")), ("LATE_anon_Zq7_90124_exercises.py", code("sign")),
+                       ("anon_P3n_text.html", "<p>text</p>")]:
+        (anonymous / name).write_text(text, encoding="utf-8")
+    assert cli.main([str(anonymous), "--out", str(out)]) == 0
+    rows = {r["student"]: (r["user id"], r["late"], r["total"]) for r in read_csv(out / "gradebook.csv")}
+    assert rows == {"anon_x8Kq2": ("anon_x8Kq2", "", f"{PART_ONE_MAX:g}"),
+                    "anon_Zq7": ("anon_Zq7", "late", f"{PART_ONE_MAX - LOSS_POINTS:g}"), "anon_P3n": ("anon_P3n", "", "0")}
+
+
+def test_a_canvas_name_that_reads_two_ways_takes_the_user_id_of_the_gradebook_export(tmp_path):
+    """Canvas joins a _<digits>_ inside a name, but a name ending in _12 stays: "Kim, Lab_12" gives
+    kimlab_12_4101_90001_exercises.py, which reads as user 12 (attachment 4101) or user 4101 (as
+    Canvas's own parser, the first). The gradebook export's user ids settle it."""
+    subs = tmp_path / "canvas"
+    subs.mkdir()
+    name = canvas_file_name("Kim, Lab_12", 4101, 90001, "exercises.py")
+    assert name == "kimlab_12_4101_90001_exercises.py"
+    (subs / name).write_text(code("full"), encoding="utf-8")
+    alone = exports.discover_class(subs)
+    assert [(s.id, s.persons[0].fields["name"]) for s in alone.students] == [("12", "kimlab")]
+    joined = exports.discover_class(subs, known=frozenset({"4101", "4102"}))
+    assert [(s.id, s.persons[0].fields["name"], s.path.name) for s in joined.students] == [("4101", "kimlab_12", name)]
+
+
+def test_which_canvas_file_is_graded_follows_the_rule_of_a_folder(tmp_path):
+    """discovery.choose for a Canvas user: exercises.py (in any case) before a helper uploaded
+    after it; two .py files and no exercises.py: the latest upload, with a note."""
+    for user, attachment, name in [(4107, 90001, "exercises.PY"), (4107, 90002, "helpers.py"),
+                                   (4108, 90003, "ppo.py"), (4108, 90004, "ppo_v2.py")]:
+        (tmp_path / canvas_file_name("Lee, Kim", user, attachment, name)).write_text(code("full"), encoding="utf-8")
+    found = {s.id: s for s in exports.discover_class(tmp_path).students}
+    assert found["4107"].path.name == "leekim_4107_90001_exercises.PY" and found["4107"].persons[0].note == ""
+    assert found["4108"].path.name == "leekim_4108_90004_ppo_v2.py"
+    assert found["4108"].persons[0].note.startswith(
+        "2 .py files (leekim_4108_90004_ppo_v2.py, leekim_4108_90003_ppo.py): graded leekim_4108_90004_ppo_v2.py, "
+        "the latest upload")
+
+
+def test_a_folder_that_is_not_the_layout_named_or_holds_an_export_beside_its_zip_says_what_to_pass(tmp_path, capsys):
+    """An export unzipped in place (the zip beside its folder) is not read as a plain class: the
+    TA is told which folder to pass. A layout named for a folder that is not one stops with why."""
+    holder = gradescope_export(tmp_path / "downloads")
+    (holder / "assignment_5551_export.zip").write_bytes(b"PK\x05\x06" + bytes(18))
+    for args, message in [([], f"{holder / 'assignment_5551_export'} holds a Gradescope export "
+                               f"(submission_metadata.yml) and {holder} other entries too: pass "
+                               f"{holder / 'assignment_5551_export'}"),
+                          (["--layout", "gradescope"], f"{holder / 'assignment_5551_export'} holds a Gradescope export")]:
+        assert cli.main([str(holder), "--out", str(tmp_path / "out"), *args]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "alice.py").write_text("x\n")
+    for layout, message in [("gradescope", f"no submission_metadata.yml in {plain}: not a Gradescope export"),
+                            ("canvas", f"no entry of {plain} is named as a Canvas download names them "
+                                       "(name[_LATE]_userid_attachmentid_filename); --layout auto reads it as one "
+                                       "NAME.py or NAME/ per student"),
+                            ("moodle", f"no entry of {plain} is named as a Moodle download names them")]:
+        assert cli.main([str(plain), "--out", str(tmp_path / "out"), "--layout", layout]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_file_names_that_are_not_utf8_reach_every_output_escaped(tmp_path, monkeypatch, capsys):
+    """A file name's bytes that are not UTF-8 (an archive from another system) are written \\xNN in
+    the gradebook, summary, similarity and feedback, and the terminal: no traceback once grading
+    is done. A refused file's reason names it so too."""
+    subs, out = tmp_path / "subs", tmp_path / "out"
+    subs.mkdir()
+    (subs / os.fsdecode(b"j\xf6rg.py")).write_text(code("full"), encoding="utf-8")  # Latin-1's ö
+    (subs / os.fsdecode(b"link\xff.py")).symlink_to(SOLUTION)
+    (subs / os.fsdecode(b"notes\xe9.txt")).write_text("x")
+    monkeypatch.setattr(run, "run_pool", in_process(scripted_grade))
+    assert cli.main([str(subs), "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.err
+    rows = {r["student"]: r for r in read_csv(out / "gradebook.csv")}
+    assert {k: (r["file"], r["total"]) for k, r in rows.items()} == {
+        "j\\xf6rg": ("j\\xf6rg.py", f"{PART_ONE_MAX:g}"), "link\\xff": ("link\\xff.py", "0")}
+    assert rows["link\\xff"]["reason"] == "refused: link\\xff.py is a symbolic link, not a file: submit the Python file itself"
+    assert "`notes\\xe9.txt`: not a student" in (out / "summary.md").read_text(encoding="utf-8")
+    assert (out / "feedback" / "j\\xf6rg.md").read_text(encoding="utf-8").startswith("# Feedback for j\\xf6rg\n")
+
+    export = gradescope_export(tmp_path / "export") / "assignment_5551_export"
+    (export / "submission_301000001" / "exercises.py").rename(export / "submission_301000001" / os.fsdecode(b"\xe9x.py"))
+    assert cli.main([str(export), "--out", str(tmp_path / "out-gs")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+    rows = {r["student"]: r for r in read_csv(tmp_path / "out-gs" / "gradebook.csv")}
+    assert rows["12345"]["file"] == "submission_301000001/\\xe9x.py"
+
+
+def test_absent_roster_students_carry_the_platform_id_and_shared_ids_stay_out_of_grades_csv(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """A Gradescope export with a roster: a roster student without a submission keeps their SID
+    (or email) in its column. One SID on two submissions (a student in a group and alone) is two
+    rows; neither is uploaded until the TA decides which counts."""
+    export = tmp_path / "export"
+    (export / "submission_1").mkdir(parents=True)
+    (export / "submission_2").mkdir()
+    (export / "submission_1" / "exercises.py").write_text(code("full"), encoding="utf-8")
+    (export / "submission_2" / "exercises.py").write_text(code("sign"), encoding="utf-8")
+    (export / "submission_metadata.yml").write_text(
+        "submission_1:\n  :submitters:\n  - :name: Ann Lee\n    :sid: '1'\n    :email: ann@example.edu\n"
+        "  - :name: Bo Li\n    :sid: '2'\n    :email: bo@example.edu\n"
+        "submission_2:\n  :submitters:\n  - :name: Ann Lee\n    :sid: '1'\n    :email: ann@example.edu\n", encoding="utf-8")
+    roster_csv = tmp_path / "roster.csv"
+    roster_csv.write_text("id,name,email\n1,Ann Lee,ann@example.edu\n2,Bo Li,bo@example.edu\n1@submission_2,Ann Lee,"
+                          "ann@example.edu\n3,Cy Ng,cy@example.edu\nzed@example.edu,Zed,\n", encoding="utf-8")
+    monkeypatch.setattr(run, "run_pool", in_process(scripted_grade))
+    assert cli.main([str(export), "--out", str(tmp_path / "out"), "--roster", str(roster_csv)]) == 0
+    rows = {r["student"]: r for r in read_csv(tmp_path / "out" / "gradebook.csv")}
+    assert {k: (r["sid"], r["email"], r["reason"][:13]) for k, r in rows.items() if k in ("3", "zed@example.edu")} == {
+        "3": ("3", "cy@example.edu", "no submission"), "zed@example.edu": ("", "zed@example.edu", "no submission")}
+    assert rows["1@submission_2"]["sid"] == "1" and "in 2 submissions" in rows["1@submission_2"]["reason"]
+    graded = list(csv.reader(io.StringIO((tmp_path / "out" / "grades.csv").read_text(encoding="utf-8"))))
+    assert graded == [["email", "sid", "name", "score"], ["bo@example.edu", "2", "Bo Li", f"{PART_ONE_MAX + BONUS_MAX:g}"]]
+    assert f"warning: not in grades.csv: {upload.SHARED}: 1, 1@submission_2" in capsys.readouterr().out
+
+
+def test_a_canvas_export_with_first_and_last_names_apart(tmp_path):
+    """Canvas's "LastName,FirstName" export (a course setting): the name joined first-last, each
+    part's = guard undone; the import file copies both columns as exported."""
+    export = tmp_path / "grades.csv"
+    export.write_text('LastName,FirstName,ID,SIS User ID,SIS Login ID,Section,PPO exercises (5001)\n'
+                      ',,,,,,Manual Posting\n    Points Possible,,,,,,100.00\n'
+                      'Müller,José,4101,900101,jmuller,Section A,\n"=""=Smith""","=""=Al""",4102,,asmith,Section B,\n',
+                      encoding="utf-8")
+    found = roster.load_canvas(export)
+    assert found.columns == ["name", "sis user id", "sis login id", "section"]
+    assert {k: v["name"] for k, v in found.students.items()} == {"4101": "José Müller", "4102": "=Al =Smith"}
+    assert found.canvas.assignments == {"PPO exercises (5001)": "100.00"}
+    book = gradebook.Gradebook([1], [(1, "loss")], [gradebook.Row("4101", "graded", 90.0, 100.0),
+                                                    gradebook.Row("4102", "graded", 80.0, 100.0)])
+    text, notes = upload.canvas_csv(book, found.canvas, "PPO exercises (5001)", None)
+    assert text == ("LastName,FirstName,ID,SIS User ID,SIS Login ID,Section,PPO exercises (5001)\n"
+                    "Müller,José,4101,900101,jmuller,Section A,90\n\"=\"\"=Smith\"\"\",\"=\"\"=Al\"\"\",4102,,asmith,Section B,80\n")
+    assert notes == []
+
+
+def test_restart_reads_no_results_file_to_plan(tmp_path, monkeypatch):
+    """--restart grades everyone: whether a result is current is never asked (each read is a
+    results file parsed, hundreds of them in a class)."""
+    subs, reads = tmp_path / "subs", []
+    subs.mkdir()
+    for sid in ("a", "b"):
+        (subs / f"{sid}.py").write_text("x\n")
+    students = discovery.discover(subs).students
+    graded_before = {s.id: {"run": "key", "stamp": discovery.stamp(s)} for s in students}  # as batch-state.json says
+    monkeypatch.setattr(state, "read_results", lambda out, sid: reads.append(sid))
+    assert [s.id for s in state.plan(students, tmp_path, graded_before, "key", restart=True).todo] == ["a", "b"]
+    assert reads == []
+    state.plan(students, tmp_path, graded_before, "key", restart=False)
+    assert reads == ["a", "b"]
 
 
 def test_the_layout_is_recognised_and_can_be_named():

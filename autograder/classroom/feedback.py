@@ -51,12 +51,12 @@ def render(title: str, data: dict, published: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(out: Path, students: list[tuple[str, str, str]], published: bool = False) -> Path:
+def write(out: Path, students: list[tuple[str, str | None, str]], published: bool = False) -> Path:
     """feedback/<key>.md for every student (key, their grading's id, how the file names them)
-    whose grading has a results file; returns the folder."""
+    whose grading has a results file (a grading id None: none to read); returns the folder."""
     folder = Path(out) / FOLDER
     for key, unit, title in students:
-        data = read_results(out, unit)
+        data = read_results(out, unit) if unit is not None else None
         path = folder / f"{key}.md"
         if data is None:
             unlink(path)

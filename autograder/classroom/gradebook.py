@@ -10,11 +10,11 @@ file that was graded. ``total`` and ``max`` are Part I's, the same denominator i
 this package writes; ``bonus`` is what the optional Part II adds beyond it, out of ``bonus max``.
 
 The CSV is UTF-8 with a byte-order mark: Excel reads a CSV without one in the system's legacy
-code page and garbles "José Müller". LibreOffice ignores the mark (its headless conversion read
-the file as Latin-1, version 7.4): its Text Import dialog needs the character set "Unicode
-(UTF-8)", a conversion the filter option ``--infilter=CSV:44,34,76`` (README; tests/test_classroom.py
-converts a gradebook so).
-Python: ``open(path, encoding="utf-8-sig")``. Text cells that a spreadsheet would run as a formula
+code page and garbles "José Müller". LibreOffice does not go by the mark (its headless conversion,
+version 7.4, read the file as Latin-1): in its Text Import dialog choose the character set
+"Unicode (UTF-8)"; on the command line give its CSV filter the character set 76 (UTF-8),
+``--infilter=CSV:44,34,76`` (README; tests/test_classroom.py converts a gradebook so). Python:
+``open(path, encoding="utf-8-sig")``. Text cells that a spreadsheet would run as a formula
 (starting with = + - @) get a leading apostrophe, since file names and exception messages in them
 come from students.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from assignment.contract import is_bonus
 
-from .discovery import Student
+from .discovery import KEY_COLUMN, Student
 from .grading import read_failure, read_results, status_of
 from .status import NOT_GRADED, feedback_of, student_status
 
@@ -63,7 +63,7 @@ class Gradebook:
     checks: list[tuple[int, str]]
     rows: list[Row]
     extra_columns: list[str] = field(default_factory=list)  # the platform's fields, then the roster's
-    sid_column: str = ""                 # which of them is the platform's student id ("": student)
+    sid_column: str = KEY_COLUMN         # the platform's student id: the key itself, a field, "" (none)
 
     @property
     def has_bonus(self) -> bool:
@@ -80,10 +80,11 @@ class Gradebook:
         return max((r.bonus_max for r in self.rows if r.bonus_max is not None), default=None)
 
     def sid(self, row: Row) -> str:
-        return row.extra.get(self.sid_column, "") if self.sid_column else row.student
+        """The id a platform's CSV upload matches ``row``'s student by ("": none)."""
+        return row.student if self.sid_column == KEY_COLUMN else row.extra.get(self.sid_column, "")
 
     def header(self) -> list[str]:
-        return ["student", *self.extra_columns, "file", "total", "max",
+        return [KEY_COLUMN, *self.extra_columns, "file", "total", "max",
                 *(["bonus", "bonus max"] if self.has_bonus else []), "reason",
                 *(exercise_column(n) for n in self.exercises),
                 *(f"{exercise_column(n)} status" for n in self.exercises),
@@ -119,18 +120,20 @@ def columns_from(results: list[dict]) -> tuple[list[int], list[tuple[int, str]]]
 
 def build_gradebook(out: Path, students: list[Student], fallback: tuple[list[int], list[tuple[int, str]]],
                     roster: dict[str, dict[str, str]] | None = None, columns: list[str] = (),
-                    sid_column: str = "") -> Gradebook:
+                    sid_column: str = KEY_COLUMN) -> Gradebook:
     """The gradebook, from the files in ``out`` alone: a row for each person of each grading in
     ``students``, with the person's fields, then the roster's (keyed by the person's key; a
-    value of the roster wins). ``columns``: those fields, in order. ``fallback``: the columns
-    when no student has a results file yet (every grading failed)."""
-    found = {s.id: read_results(out, s.id) for s in students}
+    value of the roster wins); a submission the platform lists but the folder lacks is "not
+    graded", whatever results file an earlier run left. ``columns``: those fields, in order.
+    ``fallback``: the columns when no student has a results file yet (every grading failed)."""
+    found = {s.id: read_results(out, s.id) for s in students if not s.missing}
     numbers, checks = columns_from([d for d in found.values() if d is not None])
     if not checks:
         numbers, checks = fallback
     rows = []
     for s in sorted(students, key=lambda s: s.id):
-        graded = row_for(out, s.id, checks, numbers, found[s.id], s.file)
+        graded = Row(s.id, NOT_GRADED, statuses={n: NOT_GRADED for n in numbers}, reason=s.problem, file=s.file) \
+            if s.missing else row_for(out, s.id, checks, numbers, found[s.id], s.file)
         for person in s.persons:
             extra = {**person.fields, **{k: v for k, v in (roster or {}).get(person.key, {}).items() if v}}
             rows.append(dataclasses.replace(graded, student=person.key, extra=extra,

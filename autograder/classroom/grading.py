@@ -20,7 +20,7 @@ from .. import report, submission
 from ..config import GradingConfig
 from ..grade import GradingResult, grade, nothing_to_grade
 from ..sandbox import GraderFailure, Sandbox
-from .discovery import Student
+from .discovery import Student, shown
 
 RESULTS, FAILURES = "results", "grader-failures"
 GRADED, REFUSED, FAILED = "graded", "refused", "grader failed"
@@ -88,8 +88,8 @@ def _grade_or_refuse(student: Student, setup: Setup, get_sandbox, grade_fn) -> G
         return nothing_to_grade(setup.cfg, student.problem)
     try:
         source = submission.read(student.path, student.folder)
-    except submission.Refused as err:
-        return nothing_to_grade(setup.cfg, str(err))
+    except submission.Refused as err:  # its words name the file: a name that is not UTF-8 as \xNN
+        return nothing_to_grade(setup.cfg, shown(str(err)))
     return grade_fn(source, setup.cfg, setup.config_path, with_training=setup.with_training,
                     exercises=set(setup.exercises) if setup.exercises else None, sandbox=get_sandbox())
 
@@ -97,7 +97,7 @@ def _grade_or_refuse(student: Student, setup: Setup, get_sandbox, grade_fn) -> G
 def record_failure(out: Path, sid: str, message: str, seconds: float = 0.0, details: str = "") -> Outcome:
     """The grader failed on ``sid``: no results file (a stale one is removed), the reason on file."""
     unlink(results_path(out, sid))
-    reason = " ".join(message.split()) or "unknown error"
+    reason = shown(" ".join(message.split())) or "unknown error"
     report.write_json_atomic({"student": sid, "reason": reason, "details": details}, failure_path(out, sid))
     return Outcome(sid, f"{FAILED}: {reason}", seconds=round(seconds, 3), details=details)
 

@@ -1,13 +1,27 @@
-"""``--roster roster.csv``: names and emails for the gradebook, keyed by student id.
+"""The roster: names and emails for the gradebook, keyed by the student's key.
 
-The roster is a CSV with a header row: an ``id`` column (the student id: the submission's name
-without .py, or its folder's name) and ``name`` and/or ``email`` columns, which the gradebook
-adds after ``student``. A roster saved by Excel starts with a byte-order mark; that is read too.
+``--roster roster.csv`` is a CSV with a header row: an ``id`` column (the student's key: the
+submission's name without .py or its folder's name, or a platform's id, exports.py) and ``name``
+and/or ``email`` columns, which the gradebook adds after ``student``. A roster saved by Excel
+starts with a byte-order mark; that is read too. It is checked before anyone is graded: a
+submission whose key is not in the roster stops the run (its grade could not reach a student),
+naming every such key. Roster students without a submission are reported and get a row with the
+reason "no submission" (a student who did not submit is common, and the TA needs that row to
+enter a 0).
 
-It is checked before anyone is graded: a submission whose id is not in the roster stops the run
-(its grade could not reach a student), naming every such id. Roster students without a
-submission are reported and get a row with the reason "no submission" (a student who did not
-submit is common, and the TA needs that row to enter a 0).
+``--canvas-gradebook EXPORT.csv`` is a Canvas class's roster: Canvas's Grades, Export, as its
+lib/gradebook_exporter.rb writes it. The header is ``Student`` (or ``LastName,FirstName`` when the
+course shows them apart), ``ID`` (the Canvas user id, the key of a Canvas download), ``SIS User
+ID``, ``SIS Login ID`` (and, where the account has them, ``Integration ID``, ``Root Account``),
+``Section``; then the course's custom columns, one column per assignment headed ``<title> (<id>)``,
+and the totals. Below the header, a row saying which assignments are muted or posted by hand (its
+cells empty, "Muted" or "Manual Posting ..."), then ``    Points Possible`` with each assignment's
+points, then one row per student by sortable name (Canvas's test student last). A name starting
+with ``=`` is exported as ``="=Eve"``, so that a spreadsheet does not run it. The file may start
+with a byte-order mark, and in some locales use ``;`` between cells and a decimal comma. The
+export is a roster that is not strict: a student of the download it does not list is a warning
+(a late enrolment, a test file), not a stop; its students without a submission get a row. It
+also gives canvas-import.csv its columns (upload.py).
 """
 
 from __future__ import annotations
@@ -86,7 +100,8 @@ def load(path: Path) -> Roster:
 
 
 def load_canvas(path: Path) -> Roster:
-    """Canvas's gradebook export as a roster keyed by Canvas user id (see the module's docstring)."""
+    """Canvas's gradebook export as a roster keyed by Canvas user id (the module's docstring
+    says what the export holds)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:
             text = f.read()
@@ -117,8 +132,8 @@ def load_canvas(path: Path) -> Roster:
         elif row[columns[CANVAS_ID]].strip():
             uid = row[columns[CANVAS_ID]].strip()
             students[uid] = row[:len(info)]
-            name = f"{row[1]} {row[0]}" if first_last else row[0]
-            fields[uid] = {"name": _unquoted(name.strip()),
+            name = [_unquoted(row[1].strip()), _unquoted(row[0].strip())] if first_last else [_unquoted(row[0].strip())]
+            fields[uid] = {"name": " ".join(name),
                            **{ours: row[columns[theirs]].strip() for theirs, ours in CANVAS_COPIED.items()
                               if theirs in columns}}
     copied = ["name", *(ours for theirs, ours in CANVAS_COPIED.items() if theirs in columns)]

@@ -32,7 +32,7 @@ import os
 import stat
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator, Protocol
 
@@ -49,8 +49,9 @@ from .state import load_state, plan, run_key, save_state
 
 SUMMARY, GRADEBOOK, SIMILARITY_MD, SIMILARITY_CSV = "summary.md", "gradebook.csv", "similarity.md", "similarity.csv"
 NO_SUBMISSION = "no submission"
-SOURCES = {exports.GRADESCOPE: "a Gradescope export (submission_metadata.yml)", exports.CANVAS: "a Canvas download",
-           exports.MOODLE: "a Moodle download", exports.PLAIN: "one NAME.py or NAME/ per student"}
+# A Canvas group assignment's file comes under one member's user id: the others are in the
+# gradebook export and not in the download.
+NO_CANVAS_FILE = "no submission in this download (a group assignment's file comes under one member's user id only)"
 
 
 class BatchError(RuntimeError):
@@ -108,7 +109,6 @@ class BatchResult:
     feedback_path: Path
     png_path: Path | None = None
     absent: list[str] = field(default_factory=list)  # roster students without a submission
-    layout: str = exports.PLAIN
     uploads: list[Path] = field(default_factory=list)  # grades.csv, canvas-import.csv
     upload_notes: list[str] = field(default_factory=list)  # who is not in them, points that differ
 
@@ -128,15 +128,17 @@ def grade_class(options: Options, cfg: GradingConfig, progress: Progress = _Sile
     not match) or GraderFailure (the sandbox cannot keep the class private); KeyboardInterrupt
     leaves every finished result in place."""
     out = Path(options.out)
+    joined = _load_roster(options)
     try:
-        found = exports.discover_class(options.submissions, skip=(out,), layout=options.layout)
+        found = exports.discover_class(options.submissions, skip=(out,), layout=options.layout,
+                                       known=frozenset(joined.roster.students) if joined.roster else frozenset())
     except exports.ExportError as err:
         raise BatchError(str(err)) from None
     if not found.students:
-        raise BatchError(f"no submissions in {options.submissions} (read as {SOURCES[found.layout]}): expected "
+        raise BatchError(f"no submissions in {options.submissions} (read as {exports.SOURCE[found.layout]}): expected "
                          "NAME.py files, one folder per student, or a Gradescope, Canvas or Moodle download")
     only = _only(options.only, found, options.submissions)
-    roster, absent, notes = _roster(options, found)
+    joined = _join(options, joined, found)
     (out / RESULTS).mkdir(parents=True, exist_ok=True)
     with _exclusive(out):
         for folder, pattern in [(out, ".gradebook.csv-*"), (out, ".summary.md-*"), (out, ".results-*"),
@@ -145,7 +147,7 @@ def grade_class(options: Options, cfg: GradingConfig, progress: Progress = _Sile
                                 (out / feedback.FOLDER, ".*.md-*")]:
             for leftover in folder.glob(pattern):  # temporary files of atomic writes cut short
                 unlink(leftover)
-        return _grade_and_write(options, cfg, found, roster, absent, only, notes, progress)
+        return _grade_and_write(options, cfg, found, joined, only, progress)
 
 
 def _only(names: tuple[str, ...], found: Discovery, submissions: Path) -> frozenset[str] | None:
@@ -161,51 +163,73 @@ def _only(names: tuple[str, ...], found: Discovery, submissions: Path) -> frozen
     return frozenset(by_name[n] for n in names)
 
 
-def _roster(options: Options, found: Discovery) -> tuple[rosters.Roster | None, list[str], list[str]]:
-    """The roster (--roster, or Canvas's gradebook export), its students without a submission, and
-    notes for the TA; checked before anyone is graded."""
-    keys = [p.key for s in found.students for p in s.persons]
-    notes = [] if found.layout == exports.PLAIN else \
-        [f"read {options.submissions} as {SOURCES[found.layout]}: {len(keys)} students in {len(found.students)} gradings"]
+@dataclass(frozen=True)
+class _Joined:
+    """The roster (--roster, or Canvas's gradebook export) and what it says of the class."""
+    roster: rosters.Roster | None = None
+    canvas_columns: tuple[str, str | None] | None = None  # the export's columns for the grades and the bonus
+    absent: list[str] = field(default_factory=list)      # its students without a submission
+    notes: list[str] = field(default_factory=list)       # for the TA
+
+
+def _load_roster(options: Options) -> _Joined:
+    """The roster and, from a Canvas export, the assignment columns asked for; read before the
+    folder (its Canvas user ids settle file names that read two ways) and before anyone is graded."""
     path = options.roster or options.canvas_gradebook
     if path is None:
+        return _Joined()
+    try:
+        roster = rosters.load(path) if options.roster else rosters.load_canvas(path)
+        if roster.canvas is None:
+            return _Joined(roster)
+        if not options.canvas_assignment:
+            raise rosters.RosterError(f"--canvas-assignment: which assignment of {path} gets the grades? "
+                                      f"(its assignments: {'; '.join(roster.canvas.assignments) or 'none'})")
+        bonus = None
+        if options.bonus == upload.COLUMN:
+            if not options.canvas_bonus_assignment:
+                raise rosters.RosterError("--bonus column: give --canvas-bonus-assignment TITLE, the Canvas "
+                                          "assignment that gets Part II's bonus")
+            bonus = roster.canvas.assignment(options.canvas_bonus_assignment, "--canvas-bonus-assignment")
+        return _Joined(roster, (roster.canvas.assignment(options.canvas_assignment, "--canvas-assignment"), bonus))
+    except rosters.RosterError as err:
+        raise BatchError(str(err)) from None
+
+
+def _join(options: Options, joined: _Joined, found: Discovery) -> _Joined:
+    """The roster checked against the class: its students without a submission, and notes for the TA."""
+    keys = [p.key for s in found.students for p in s.persons]
+    notes = [] if found.layout == exports.PLAIN else \
+        [f"read {options.submissions} as {exports.SOURCE[found.layout]}: {len(keys)} students in "
+         f"{len(found.students)} gradings"]
+    path = options.roster or options.canvas_gradebook
+    if joined.roster is None:
         if found.layout == exports.CANVAS:
             notes.append("give --canvas-gradebook EXPORT.csv --canvas-assignment TITLE (Canvas: Grades, Export) to add "
                          f"names and write {upload.CANVAS_CSV}")
-        return None, [], notes
+        return replace(joined, notes=notes)
     if options.canvas_gradebook is not None and found.layout != exports.CANVAS:
         raise BatchError(f"--canvas-gradebook joins a Canvas download, and {options.submissions} reads as "
-                         f"{SOURCES[found.layout]} (--layout canvas to say it is one)")
+                         f"{exports.SOURCE[found.layout]} (--layout canvas to say it is one)")
     try:
-        roster = rosters.load(path) if options.roster else rosters.load_canvas(path)
-        absent = rosters.check(roster, keys, path)
-        if roster.canvas is not None:
-            if not options.canvas_assignment:
-                raise rosters.RosterError(f"--canvas-assignment: which assignment of {path} gets the grades? "
-                                          f"(its assignments: {'; '.join(roster.canvas.assignments) or 'none'})")
-            roster.canvas.assignment(options.canvas_assignment, "--canvas-assignment")
-            if options.bonus == upload.COLUMN:
-                if not options.canvas_bonus_assignment:
-                    raise rosters.RosterError("--bonus column: give --canvas-bonus-assignment TITLE, the Canvas "
-                                              "assignment that gets Part II's bonus")
-                roster.canvas.assignment(options.canvas_bonus_assignment, "--canvas-bonus-assignment")
+        absent = rosters.check(joined.roster, keys, path)
     except rosters.RosterError as err:
         raise BatchError(str(err)) from None
-    unknown = sorted(set(keys) - set(roster.students))
+    unknown = sorted(set(keys) - set(joined.roster.students))
     if unknown:  # a non-strict roster: the file says who it is
         notes.append(f"warning: {len(unknown)} students are not in {path}: {', '.join(unknown)}")
     notes += [f"warning: {key} is in the roster but has no submission" for key in absent]
-    return roster, absent, notes
+    return replace(joined, absent=absent, notes=notes)
 
 
-def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, roster: rosters.Roster | None,
-                     absent: list[str], only: frozenset[str] | None, notes: list[str], progress: Progress) -> BatchResult:
+def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, joined: _Joined,
+                     only: frozenset[str] | None, progress: Progress) -> BatchResult:
     out, exercises = Path(options.out), tuple(sorted(options.exercises)) if options.exercises else None
     training = options.with_training or cfg.training.enabled
     key, state = run_key(options.config_path, exercises, training, hidden_seed(cfg)[0]), load_state(out)
-    todo = plan(found.students, out, state, key, options.restart, only)
+    todo = plan([s for s in found.students if not s.missing], out, state, key, options.restart, only)
     strategy, jobs, sandbox_notes = _jobs(cfg, options.jobs, len(todo.todo))
-    notes = sandbox_notes + notes + [f"warning: {n}" for n in found.notices]
+    notes = sandbox_notes + joined.notes + [f"warning: {n}" for n in found.notices]
     if todo.stale:
         notes.append(f"--only left {len(todo.stale)} students whose results are missing or older than their files "
                      f"({', '.join(todo.stale[:10])}{', ...' if len(todo.stale) > 10 else ''}): rerun without --only")
@@ -227,47 +251,50 @@ def _grade_and_write(options: Options, cfg: GradingConfig, found: Discovery, ros
         # unchanged: kept and current (--only also keeps the stale ones it was not asked for, named above)
         progress.start(len(todo.todo), len(todo.kept) - len(todo.stale), jobs, notes)
         run_pool(todo.todo, setup, jobs, done)
-    return _write_outputs(options, found, roster, absent, exercises, training,
+    return _write_outputs(options, found, joined, exercises, training,
                           dict(graded=graded, kept=[s.id for s in todo.kept], failed=failed, jobs=jobs,
                                strategy=strategy, notes=notes))
 
 
-def _write_outputs(options: Options, found: Discovery, roster: rosters.Roster | None, absent: list[str],
-                   exercises: tuple[int, ...] | None, training: bool, run: dict) -> BatchResult:
+def _write_outputs(options: Options, found: Discovery, joined: _Joined, exercises: tuple[int, ...] | None,
+                   training: bool, run: dict) -> BatchResult:
     """Everything but results/, rebuilt from the out folder's files."""
-    out = Path(options.out)
+    out, roster, absent = Path(options.out), joined.roster, joined.absent
     columns = [*found.columns, *(c for c in (roster.columns if roster else []) if c not in found.columns)]
     book = build_gradebook(out, found.students, fallback_columns(exercises, training),
                            roster.students if roster else None, columns, found.sid_column)
-    book.rows += [Row(key, NO_SUBMISSION, reason=NO_SUBMISSION, extra=dict(roster.students[key])) for key in absent]
+    why = NO_CANVAS_FILE if found.layout == exports.CANVAS else NO_SUBMISSION
+    book.rows += [Row(key, NO_SUBMISSION, reason=why, extra={**exports.key_fields(found.layout, key),
+                                                             **{k: v for k, v in roster.students[key].items() if v}})
+                  for key in absent]
     book.rows.sort(key=lambda r: r.student)
     csv_path, summary_path = out / GRADEBOOK, out / SUMMARY
     report.write_text_atomic(to_csv(book), csv_path)
-    uploads, upload_lines, upload_notes = _write_uploads(options, book, roster)
+    uploads, upload_lines, upload_notes = _write_uploads(options, book, joined)
     png_path = out / summary.HISTOGRAM_PNG
     scored = [r.total for r in book.rows if r.total is not None]
     drawn = bool(scored) and summary.write_png(summary.histogram(scored, book.out_of), png_path)
     if not drawn:
         unlink(png_path)
-    source = "" if found.layout == exports.PLAIN else SOURCES[found.layout]
+    source = "" if found.layout == exports.PLAIN else exports.SOURCE[found.layout]
     report.write_text_atomic(summary.summary_markdown(book, found.notices, png_path.name if drawn else None, absent,
                                                       source, upload_lines), summary_path)
-    similar = similarity.report(found.students, _module_file("assignment.exercises"),
-                                _module_file("solutions.exercises"))
+    gradings = [s for s in found.students if not s.missing]
+    similar = similarity.report(gradings, _module_file("assignment.exercises"), _module_file("solutions.exercises"))
     titles = {r.student: summary.label(r) for r in book.rows}  # the key, and the name the platform or roster gives
-    named = {s.id: " + ".join(titles[p.key] for p in s.persons) for s in found.students}
-    report.write_text_atomic(similarity.to_markdown(similarity.relabeled(similar, named)), out / SIMILARITY_MD)
-    keyed = {s.id: "+".join(p.key for p in s.persons) for s in found.students}
+    named = similarity.relabeled(similar, {s.id: " + ".join(titles[p.key] for p in s.persons) for s in gradings})
+    report.write_text_atomic(similarity.to_markdown(named), out / SIMILARITY_MD)
+    keyed = {s.id: "+".join(p.key for p in s.persons) for s in gradings}
     report.write_text_atomic(similarity.to_csv(similarity.relabeled(similar, keyed)), out / SIMILARITY_CSV)
-    feedback_path = feedback.write(out, [(p.key, s.id, titles[p.key]) for s in found.students for p in s.persons],
-                                   options.published)
+    # a missing submission has no feedback, whatever results file an earlier run left
+    feedback_path = feedback.write(out, [(p.key, None if s.missing else s.id, titles[p.key])
+                                         for s in found.students for p in s.persons], options.published)
     return BatchResult(book, run["graded"], run["kept"], run["failed"], found.notices, run["jobs"], run["strategy"],
-                       run["notes"], csv_path, summary_path, similarity.relabeled(similar, named), out / SIMILARITY_MD,
-                       feedback_path, png_path if drawn else None, absent, found.layout, uploads, upload_notes)
+                       run["notes"], csv_path, summary_path, named, out / SIMILARITY_MD,
+                       feedback_path, png_path if drawn else None, absent, uploads, upload_notes)
 
 
-def _write_uploads(options: Options, book: Gradebook,
-                   roster: rosters.Roster | None) -> tuple[list[Path], list[str], list[str]]:
+def _write_uploads(options: Options, book: Gradebook, joined: _Joined) -> tuple[list[Path], list[str], list[str]]:
     """grades.csv, and canvas-import.csv when Canvas's gradebook export was given; the summary's
     lines on them, and the notes among those the TA must read (who is left out, points that differ)."""
     out = Path(options.out)
@@ -275,20 +302,16 @@ def _write_uploads(options: Options, book: Gradebook,
     written = [out / upload.GRADES_CSV]
     bonus = "Part I's total, the bonus in its own column" if options.bonus == upload.COLUMN else \
         "Part I's total plus Part II's bonus"
-    lines, notes = [f"`{upload.GRADES_CSV}`: {len(upload.graded(book))} students, score = {bonus}"], []
-    if roster is not None and roster.canvas is not None:
-        canvas = roster.canvas
-        bonus_column = canvas.assignment(options.canvas_bonus_assignment, "--canvas-bonus-assignment") \
-            if options.bonus == upload.COLUMN else None
-        text, notes = upload.canvas_csv(book, canvas, canvas.assignment(options.canvas_assignment, "--canvas-assignment"),
-                                        bonus_column, options.bonus)
+    rows, left = upload.uploadable(book)
+    lines, notes = [f"`{upload.GRADES_CSV}`: {len(rows)} students, score = {bonus}"], []
+    if joined.canvas_columns is not None:
+        assignment, bonus_column = joined.canvas_columns
+        text, notes = upload.canvas_csv(book, joined.roster.canvas, assignment, bonus_column, options.bonus)
         report.write_text_atomic(text, out / upload.CANVAS_CSV)
         written.append(out / upload.CANVAS_CSV)
         lines.append(f"`{upload.CANVAS_CSV}`: for Canvas's Grades, Import")
-    left = [r.student for r in book.rows if r.total is None]
-    if left:
-        notes.append(f"not in {' or '.join(p.name for p in written)} (no grade: {NO_SUBMISSION} or a grader failure): "
-                     f"{', '.join(left)}")
+    files = " or ".join(p.name for p in written)
+    notes += [f"not in {files}: {why}: {', '.join(keys)}" for why, keys in left.items()]
     return written, lines + notes, notes
 
 

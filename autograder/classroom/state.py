@@ -56,14 +56,17 @@ def plan(students: list[Student], out: Path, state: dict, key: str, restart: boo
     others are left as they are, the stale ones named); else everyone with ``restart``, else
     those without a valid results file graded from their present files under ``key``."""
     todo, kept, stale, stamps = [], [], [], {}
+
+    def current(s: Student) -> bool:  # reads the results file: only where the answer matters
+        return state.get(s.id) == {"run": key, "stamp": stamps[s.id]} and read_results(out, s.id) is not None
+
     for s in students:
         stamps[s.id] = stamp(s)
-        current = state.get(s.id) == {"run": key, "stamp": stamps[s.id]} and read_results(out, s.id) is not None
         if only is not None and s.id not in only:
             kept.append(s)
-            if not current:
+            if not current(s):
                 stale.append(s.id)
-        elif only is None and current and not restart:
+        elif only is None and not restart and current(s):
             kept.append(s)
         else:
             todo.append(s)

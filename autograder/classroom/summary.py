@@ -184,7 +184,7 @@ def _reasons(rows: list[Row], absent: list[str]) -> list[str]:
              "rerun the same command to retry. Leaving the optional Part II blank is a normal grading.", "",
              "| student | reason |", "|---|---|"]
     lines += [f"| {_cell(label(r))} | {_cell(r.reason)} |" for r in off]
-    lines += [f"| {_cell(label(r))} | no submission (in the roster) |" for r in rows if r.student in absent]
+    lines += [f"| {_cell(label(r))} | {_cell(r.reason)} |" for r in rows if r.student in absent]
     return lines
 
 

@@ -2,11 +2,14 @@
 
 ``grades.csv`` is ``email,sid,name,score`` (``bonus`` after it when the course keeps Part II's
 bonus in a column of its own), one row per student with a grade: a platform's CSV upload maps
-its students by email or by student id. ``score`` is Part I's total (of the gradebook's ``max``)
-plus, unless the bonus has its own column, Part II's bonus. Students without a grade (the grader
-failed on them, or no submission) are left out, so that an upload never overwrites a grade with
-a blank: summary.md lists them. UTF-8 without a byte-order mark: it is read by programs, not
-opened in a spreadsheet.
+its students by email or by student id (``sid``: the layout's, exports.SID_COLUMN; blank for a
+Moodle download, whose participant id no import matches). ``score`` is Part I's total (of the
+gradebook's ``max``) plus, unless the bonus has its own column, Part II's bonus. Left out, and
+listed in summary.md and the terminal (``uploadable``): a student without a grade (the grader
+failed, no submission, a submission missing from the export), so that an upload never overwrites
+a grade with a blank or a 0; a row with neither email nor sid, which no platform could match;
+and rows that share an email or sid (one student in two submissions), until the TA decides which
+counts. UTF-8 without a byte-order mark: it is read by programs, not opened in a spreadsheet.
 
 ``canvas-import.csv`` is what Canvas's Grades, Import takes (its parser: lib/gradebook_importer.rb
 in Canvas's source): the student columns of the TA's gradebook export, Student (or LastName,
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
 
 from .gradebook import Gradebook, Row, number_text
 from .roster import CanvasGradebook
@@ -30,9 +34,22 @@ GRADES_CSV, CANVAS_CSV = "grades.csv", "canvas-import.csv"
 ADD, COLUMN = "add", "column"      # where Part II's bonus goes: added to the score, or a column of its own
 
 
-def graded(book: Gradebook) -> list[Row]:
-    """The rows with a grade to upload (a refused file's 0 is one; a grader failure is not)."""
-    return [r for r in book.rows if r.total is not None]
+NO_GRADE = "no grade (no submission, not graded, or a grader failure: rerun to retry it)"
+NOBODY = "no email or sid to match the student by"
+SHARED = "an email or sid on several rows (one student in two submissions): upload the one that counts by hand"
+
+
+def uploadable(book: Gradebook) -> tuple[list[Row], dict[str, list[str]]]:
+    """The rows whose grade is uploaded (a refused file's 0 is one), and the students left out,
+    by why (NO_GRADE, NOBODY, SHARED)."""
+    graded = [r for r in book.rows if r.total is not None]
+    ids = {r.student: {i for i in (r.extra.get("email", ""), book.sid(r)) if i} for r in graded}
+    count = Counter(i for found in ids.values() for i in found)
+    left = {NO_GRADE: [r.student for r in book.rows if r.total is None],
+            NOBODY: [r.student for r in graded if not ids[r.student]],
+            SHARED: [r.student for r in graded if any(count[i] > 1 for i in ids[r.student])]}
+    out = set(left[NOBODY] + left[SHARED])
+    return [r for r in graded if r.student not in out], {why: keys for why, keys in left.items() if keys}
 
 
 def score(row: Row, bonus: str) -> float:
@@ -43,7 +60,7 @@ def grades_csv(book: Gradebook, bonus: str = ADD) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["email", "sid", "name", "score", *(["bonus"] if bonus == COLUMN else [])])
-    for r in graded(book):
+    for r in uploadable(book)[0]:
         writer.writerow([r.extra.get("email", ""), book.sid(r), r.extra.get("name", ""), number_text(score(r, bonus)),
                          *([number_text(r.bonus or 0.0)] if bonus == COLUMN else [])])
     return buffer.getvalue()
@@ -58,7 +75,7 @@ def canvas_csv(book: Gradebook, canvas: CanvasGradebook, assignment: str, bonus_
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow([*canvas.info, *columns])
-    rows = {r.student: r for r in graded(book)}
+    rows = {r.student: r for r in uploadable(book)[0]}
     for uid, info in canvas.students.items():  # in the export's order
         if uid in rows:
             r = rows[uid]
