@@ -47,6 +47,7 @@ class CheckResult:
     visibility: str
     feedback: str = ""
     passed: bool | None = None  # None: passed means full marks (a 0-point check must say it)
+    staff_note: str = ""  # for the staff log only (a hidden check's failure in the grader's words)
 
     def __post_init__(self):
         if self.passed is None:
@@ -235,6 +236,7 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
              "network": first.network}
     order = {(n, c.id): i for n in selected for i, c in enumerate(selected[n])}
     results.sort(key=lambda r: (r.exercise, order.get((r.exercise, r.check), -1)))
+    log += [r.staff_note for r in results if r.staff_note]
     return GradingResult(results, extra, round(time.monotonic() - started, 3), log)
 
 
@@ -368,13 +370,15 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
 
     def drawn() -> None:
         """Hypothesis's run of the check: draws the examples (the recorded ones it meets first are
-        recalled, not run again) and shrinks a failure; raises the failure it reports."""
+        recalled, not run again) and shrinks a failure; raises the failure it reports. A hidden
+        check does not shrink: its feedback shows no counterexample, and the staff log names the
+        first one's worst value."""
         context.before_drawing()
 
         @hypothesis_seed(seed)
         @settings(max_examples=c.examples, derandomize=True, database=None, deadline=None, print_blob=False,
                   verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                  phases=(Phase.generate, Phase.shrink))
+                  phases=(Phase.generate,) if check.hidden else (Phase.generate, Phase.shrink))
         @given(check.strategy(context))
         def prop(case):
             failed = recalled(case) if answered else attempt(case)
@@ -443,7 +447,7 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
             return failure
         return again if again is not None else failure
 
-    fatal = None
+    fatal, note = None, ""
     try:
         with warnings.catch_warnings():
             # Hypothesis warns its own users (e.g. "Generating overly large repr" of exercise 5's
@@ -457,18 +461,30 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
         score, feedback = c.points, ""
     except _Failed as failure:
         score, feedback = 0.0, _feedback(number, check, simplest(failure), c.ulps, context, failures)
+        note = "; ".join(failure.problems)
     except _Abort as abort:
         score = 0.0
         if failures and not abort.fatal:
             feedback = _feedback(number, check, simplest(failures[-1]), c.ulps, context, failures)
+            note = "; ".join(failures[-1].problems)
         elif check.hidden:
-            feedback, fatal = _hidden_feedback(number, abort.kind), abort.message
+            feedback, fatal, note = _hidden_feedback(number, abort.kind), abort.message, abort.message
         else:
             feedback, fatal = abort.message, (abort.message if abort.fatal else None)
     except HypothesisException as err:  # e.g. Flaky: the submission is not deterministic
         score, feedback = 0.0, f"the check could not conclude ({type(err).__name__}): results differ between " \
                                "runs of the same input; make the function deterministic"
-    return CheckResult(number, check.id, check.description, score, c.points, c.visibility, feedback), fatal
+    staff = f"exercise {number}, hidden check {check.id}: failed on an example of the hidden seed: " \
+        f"{_clip(note)}" if check.hidden and score == 0 and note else ""
+    return CheckResult(number, check.id, check.description, score, c.points, c.visibility, feedback,
+                       staff_note=staff), fatal
+
+
+STAFF_NOTE_CHARS = 600  # a submission's exception message could be any length
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= STAFF_NOTE_CHARS else text[:STAFF_NOTE_CHARS] + " ..."
 
 
 def _hidden_feedback(number: int, kind: str) -> str:
@@ -487,7 +503,7 @@ def _feedback(number: int, check: Check, failure: _Failed, ulps: float, context:
     lines = ["Counterexample (shrunk):", _indent(failure.case.describe()), *problems]
     if failure.kind == "mismatch":
         if number == 5:
-            hint = update.hint(failure.case, failure.submitted, context["model"], check.compare, ulps)
+            hint = update.hint(failure.case, failure.submitted, context["model"], check.compare, ulps, failure.reference)
         else:
             evidence = [(f.case, f.submitted, f.reference) for f in (*failures, failure) if f.kind == "mismatch"]
             hint = MODULES[number].hint(evidence, ulps)

@@ -168,6 +168,34 @@ def test_correct_alternative_gets_full_marks(text, sandbox):
     assert not failed(grade(text, QUICK, CONFIG, exercises={e.number for e in PART_I}, sandbox=sandbox))
 
 
+# Hidden seeds under which every correct file keeps full marks: 918273645, under which exercise 5's
+# former error scale cost float32 code a point, and two drawn at random (secrets.randbelow(2**32))
+# when this test was written, kept here so that it reproduces.
+HIDDEN_SEEDS = (918273645, 468035695, 126309220)
+# The hidden checks as shipped; the visible ones (which no hidden seed changes) at one example each.
+HIDDEN_AS_SHIPPED = load_config(call_timeout_s=4.0)
+for _number, _checks in (*HIDDEN_AS_SHIPPED.exercises.items(), *HIDDEN_AS_SHIPPED.bonus.items()):
+    for _name, _check in _checks.items():
+        if _check.visibility == "visible":
+            _checks[_name] = dataclasses.replace(_check, examples=1)
+
+
+def _correct_files_by_part():
+    part_one = {e.number for e in PART_I}
+    return [pytest.param(p.values[0], part_one, id=p.id) for p in _correct_submissions()] + \
+        [pytest.param(corpus.render(v), {6, 7, 8}, id=v.name) for v in corpus.PART2_ALTERNATIVES]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", HIDDEN_SEEDS)
+@pytest.mark.parametrize("text, exercises", _correct_files_by_part())
+def test_correct_files_keep_full_marks_under_other_hidden_seeds(text, exercises, seed, sandbox, monkeypatch):
+    monkeypatch.setenv(HIDDEN_AS_SHIPPED.seeds.hidden_env, str(seed))
+    result = grade(text, HIDDEN_AS_SHIPPED, CONFIG, exercises=exercises, sandbox=sandbox)
+    assert result.extra["hidden_seed_source"] == "env"
+    assert not failed(result), result.log
+
+
 def test_wrong_everywhere_gets_no_point(sandbox):
     """Right types, shapes, dtypes and gradient flags, wrong values: property-only checks (no
     gradient, shapes) give nothing on their own."""
@@ -245,6 +273,10 @@ def test_hidden_checks_show_only_the_graders_words(sandbox):
             continue
         assert c.feedback.startswith("failed on the hidden inputs: a value differs from the reference")
         assert "Counterexample" not in c.feedback
+    # the staff log (stderr) says which value and by how much; the student's output does not
+    notes = [line for line in result.log if ", hidden check " in line]
+    assert len(notes) == 2 and all("expected" in n and "error" in n and "allowed" in n for n in notes), notes
+    assert ", hidden check " not in report.to_gradescope(result)["output"]
 
 
 def test_visible_feedback_never_carries_text_from_after_a_hidden_check(sandbox, monkeypatch):

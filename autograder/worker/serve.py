@@ -151,13 +151,13 @@ _MODELS: dict[str, torch.nn.Module] = {}
 
 def _update(module: ModuleType, header: dict, tensors: dict, oracle: _Oracle) -> tuple[dict, dict]:
     """Run exercise 5 over a sequence of minibatches on a tiny model; report metrics, grads, params."""
-    from assignment.model import PolicyWithValueHead, tiny_llama  # transformers: only when needed
+    from .model import build
 
     for name in ("compute_policy_loss", "compute_value_loss", "compute_entropy_loss"):
         setattr(module, name, getattr(oracle, name))
     key = repr((header["model"], header["dtype"]))
     if key not in _MODELS:  # build once per worker; every request loads its own weights below
-        _MODELS[key] = PolicyWithValueHead(tiny_llama(**header["model"])).to(getattr(torch, header["dtype"]))
+        _MODELS[key] = build(header["model"], header["dtype"])
     model = _MODELS[key]
     model.zero_grad(set_to_none=True)
     model.load_state_dict({k.removeprefix("param."): v for k, v in tensors.items() if k.startswith("param.")})
