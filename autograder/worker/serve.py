@@ -49,7 +49,8 @@ def _error_reply(err: BaseException, path: str) -> dict:
     # torch reports a failed allocation (here: the worker's address-space cap) as RuntimeError
     if isinstance(err, MemoryError) or "can't allocate memory" in str(err) or "out of memory" in str(err):
         kind = "MemoryError"
-    return {"op": "error", "type": kind, "message": str(err)[:2000], "where": where}
+    return {"op": "error", "type": kind, "bases": [c.__name__ for c in type(err).__mro__],
+            "message": str(err)[:2000], "where": where}
 
 
 def _describe(obj, name: str, tensors: dict) -> dict:
