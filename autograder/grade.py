@@ -54,6 +54,12 @@ class CheckResult:
             self.passed = self.score == self.max_score
 
     @property
+    def not_attempted(self) -> bool:
+        """The check met a blank (NotImplementedError) or no function at all."""
+        return self.feedback.startswith((NOT_IMPLEMENTED, NO_FUNCTION)) or \
+            HIDDEN_FEEDBACK["not implemented"] in self.feedback.split("\n", 1)[0]
+
+    @property
     def bonus(self) -> bool:
         """A Part II check: its points are a bonus beside Part I's 100."""
         return is_bonus(self.exercise)
@@ -66,6 +72,8 @@ class GradingResult:
     execution_time: float
     # For the staff, never for students: the grader's own log (e.g. a missing hidden seed).
     log: list[str] = field(default_factory=list)
+    # For the student, above everything else: why no check could run (the file does not import).
+    notice: str = ""
 
     @property
     def score(self) -> float:
@@ -102,6 +110,11 @@ class _Abort(BaseException):
         super().__init__(message)
         self.message, self.fatal, self.kind = message, fatal, kind
 
+
+# The first words of a check that met a blank or no function (autograder/classroom reads them too).
+NOT_IMPLEMENTED = "not implemented: "
+NO_FUNCTION = "the submission defines no function "
+IMPORT_FAILED = "the submission could not be imported: "
 
 HIDDEN_FEEDBACK = {
     "error": "the function raised an exception",
@@ -220,7 +233,7 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
         if 5 in selected or training:
             sandbox.preload()  # if not yet: imported by the server while the other exercises are graded
         if first.import_error is not None:
-            message = "the submission could not be imported: " + calls.StudentError(first.import_error).describe()
+            message = IMPORT_FAILED + calls.StudentError(first.import_error).describe()
             results = [_zero(n, c, cfg, message) for n in selected for c in selected[n]]
             if training:
                 results.append(_training_result(cfg, 0.0, message))
@@ -237,7 +250,9 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
     order = {(n, c.id): i for n in selected for i, c in enumerate(selected[n])}
     results.sort(key=lambda r: (r.exercise, order.get((r.exercise, r.check), -1)))
     log += [r.staff_note for r in results if r.staff_note]
-    return GradingResult(results, extra, round(time.monotonic() - started, 3), log)
+    notice = "" if first.import_error is None else \
+        f"Your file could not be imported, so no check could run: {calls.StudentError(first.import_error).describe()}"
+    return GradingResult(results, extra, round(time.monotonic() - started, 3), log, notice)
 
 
 def _grade_all(selected, cfg, workers, context, secret, defined, training) -> list[CheckResult]:
@@ -248,7 +263,7 @@ def _grade_all(selected, cfg, workers, context, secret, defined, training) -> li
             phase = [c for c in checks if c.hidden == hidden]
             name = exercise(number).name
             if name not in defined:
-                results += [_zero(number, c, cfg, f"the submission defines no function {name}") for c in phase]
+                results += [_zero(number, c, cfg, NO_FUNCTION + name) for c in phase]
                 continue
             role = f"hidden checks of exercise {number}" if hidden else \
                 "exercise 5" if number == 5 else "exercises 6-8" if is_bonus(number) else "exercises 1-4"
@@ -403,7 +418,7 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
         except calls.StudentError as err:
             kind = err.reply.get("type")
             if kind == "NotImplementedError":
-                raise _Abort(f"not implemented: {err.reply.get('message')}", fatal=True, kind="not implemented") from None
+                raise _Abort(NOT_IMPLEMENTED + str(err.reply.get("message")), fatal=True, kind="not implemented") from None
             if kind == "MemoryError":
                 raise _Abort(f"ran out of memory (the worker's cap is {cfg.worker.memory_mb} MiB): "
                              f"{err.reply.get('message')}; the remaining checks of this exercise were not run",
@@ -524,4 +539,4 @@ def _indent(text: str) -> str:
 def nothing_to_grade(cfg: GradingConfig, message: str) -> GradingResult:
     """Every check at 0 with ``message``: the file cannot be graded (missing, a link, not text, too big)."""
     results = [_zero(n, c, cfg, message) for n in CHECKS for c in CHECKS[n]]
-    return GradingResult(results, {"grader_version": __version__}, 0.0, [message])
+    return GradingResult(results, {"grader_version": __version__}, 0.0, [message], notice=message)
