@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -159,6 +160,16 @@ HINTED = {"policy_sign_flipped", "policy_min_instead_of_max", "policy_ratio_by_d
 # another known mistake, and the grader then gives no hint rather than the other mistake's (a hint
 # needs one mistake that explains every failing case, common.suggest), or none is known.
 PART2_UNNAMED = {"grpo_batch_std", "agg_sum_norm_own_length", "agg_sum_norm_no_batch", "grpo_dr_divides_by_one_plus_eps"}
+
+
+def test_an_edge_case_costs_its_own_check_only(sandbox):
+    """Code right for every input the trainer sends, wrong for one it never sends (an empty row:
+    scatter_add_ at index -1 raises) loses the edge_cases check alone, and is told why."""
+    result, _ = graded(corpus.render(corpus.by_name("gae_final_reward_scatter")), {4}, sandbox)
+    (edge,) = [c for c in result.checks if not c.passed]
+    assert (edge.check, edge.max_score) == ("edge_cases", 1) and "index -1 is out of bounds" in edge.feedback
+    mask = edge.feedback.split("response_mask:")[1].split("(where")[0]
+    assert re.search(r"\[0(, 0)*\]", mask), mask  # the counterexample keeps its empty row
 
 
 def test_exercise_5_is_immune_to_mutants_of_1_to_4(sandbox):
