@@ -76,6 +76,11 @@ class GradingResult:
     notice: str = ""
 
     @property
+    def staff_notes(self) -> list[str]:
+        """For the staff too: which value of a failed hidden check differed, and by how much."""
+        return [c.staff_note for c in self.checks if c.staff_note]
+
+    @property
     def score(self) -> float:
         """Part I's score (out of ``max_score``, 100 as shipped); Part II's is ``bonus_score``."""
         return sum(c.score for c in self.checks if not c.bonus)
@@ -249,7 +254,6 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
              "network": first.network}
     order = {(n, c.id): i for n in selected for i, c in enumerate(selected[n])}
     results.sort(key=lambda r: (r.exercise, order.get((r.exercise, r.check), -1)))
-    log += [r.staff_note for r in results if r.staff_note]
     notice = "" if first.import_error is None else \
         f"Your file could not be imported, so no check could run: {calls.StudentError(first.import_error).describe()}"
     return GradingResult(results, extra, round(time.monotonic() - started, 3), log, notice)

@@ -56,12 +56,13 @@ def to_gradescope(result: GradingResult) -> dict:
     } for c in result.checks]
     bonus = {"part_one_score": result.score, "part_one_max": result.max_score,
              "bonus_score": result.bonus_score, "bonus_max": result.bonus_max} if result.bonus_max else {}
+    notes = {"hidden_check_failures": result.staff_notes} if result.staff_notes else {}  # stored, never shown
     return {
         "score": result.score + result.bonus_score,
         "execution_time": result.execution_time,
         "output": summary(result, include_hidden=False),
         "tests": tests,
-        "extra_data": {**result.extra, **bonus},
+        "extra_data": {**result.extra, **bonus, **notes},
     }
 
 

@@ -299,10 +299,13 @@ def test_hidden_checks_show_only_the_graders_words(sandbox):
             continue
         assert c.feedback.startswith("failed on the hidden inputs: a value differs from the reference")
         assert "Counterexample" not in c.feedback
-    # the staff log (stderr) says which value and by how much; the student's output does not
-    notes = [line for line in result.log if ", hidden check " in line]
+    # the staff log (stderr) says which value and by how much, results.json stores it for the TA;
+    # the student's output does not show it
+    notes = result.staff_notes
     assert len(notes) == 2 and all("expected" in n and "error" in n and "allowed" in n for n in notes), notes
-    assert ", hidden check " not in report.to_gradescope(result)["output"]
+    data = report.to_gradescope(result)
+    assert data["extra_data"]["hidden_check_failures"] == notes and ", hidden check " not in data["output"]
+    assert not any(", hidden check " in t["output"] for t in data["tests"])
 
 
 def test_visible_feedback_never_carries_text_from_after_a_hidden_check(sandbox, monkeypatch):
