@@ -90,3 +90,18 @@ def call_submission(ex: Exercise, case: Case, run) -> tuple[Called | None, list[
     return Called({name: item.tensor for name, item in zip(ex.outputs, items)},
                   {name: bool(item.desc["requires_grad"]) for name, item in zip(ex.outputs, items)},
                   tensors.get(f"grad.{ex.grad_param}")), []
+
+
+def expect_error(ex: Exercise, case: Case, run) -> list[str]:
+    """The contract makes ``ex`` raise ``case.raises`` on these arguments (an unknown mode): the
+    problem in words if the submission returns instead, or raises something else."""
+    wanted = f"the contract raises {case.raises} here ({case.notes.get('why', 'see the handout')})"
+    try:
+        call_submission(ex, case, run)
+    except StudentError as err:
+        if case.raises in err.reply.get("bases", [err.reply.get("type")]):
+            return []
+        if err.reply.get("type") == "NotImplementedError":
+            raise  # a blank, as every other check sees it
+        return [f"{err.describe()}\n{wanted}"]
+    return [f"it returned a value; {wanted}"]

@@ -30,12 +30,14 @@ class Case:
     """One example: tensor arguments and scalar arguments of an exercise function.
 
     ``notes`` are facts about how the case was generated that help to read it (a seed, a
-    scale); they are printed apart from the arguments.
+    scale); they are printed apart from the arguments. ``raises``: the exception the contract
+    demands on these arguments (an unknown mode: "ValueError"), or "" when the function returns.
     """
 
     tensors: dict[str, torch.Tensor]
     scalars: dict[str, float] = field(default_factory=dict)
     notes: dict[str, object] = field(default_factory=dict)
+    raises: str = ""
 
     @property
     def mask(self) -> torch.Tensor:
@@ -71,7 +73,7 @@ class Case:
             return None
         B = mask.shape[0]
         tensors = {k: (t[keep] if t.dim() >= 1 and t.shape[0] == B else t) for k, t in self.tensors.items()}
-        return Case(tensors, dict(self.scalars), dict(self.notes))
+        return Case(tensors, dict(self.scalars), dict(self.notes), self.raises)
 
 
 def describe_tensor(name: str, t: torch.Tensor, mask: torch.Tensor | None = None) -> str:
@@ -127,11 +129,12 @@ def grid(draw, shape, lo: int, hi: int, denominator: int) -> torch.Tensor:
 
 
 @st.composite
-def padding(draw, max_b: int = 6, max_t: int = 12) -> torch.Tensor:
-    """(B, T) right-padded bool mask with at least two real tokens; empty rows allowed."""
+def padding(draw, max_b: int = 6, max_t: int = 12, empty_rows: bool = True) -> torch.Tensor:
+    """(B, T) right-padded bool mask with at least two real tokens; empty rows allowed, unless
+    ``empty_rows`` is False (the trainer's responses hold at least one token: their EOS)."""
     B = draw(st.integers(1, max_b))
     T = draw(st.integers(1, max_t))
-    lengths = draw(st.lists(st.integers(0, T), min_size=B, max_size=B))
+    lengths = draw(st.lists(st.integers(0 if empty_rows else 1, T), min_size=B, max_size=B))
     assume(sum(lengths) >= 2)
     return torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
 

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             sandbox.close()
     print(report.summary(result) if args.quiet else report.terminal(result))
     sys.stdout.flush()  # the staff notes come after the student's report, never before it
-    for line in result.log:
+    for line in result.log + result.staff_notes:
         print(f"ppo-grade: note for course staff (students can ignore it): {line}", file=sys.stderr)
     report.write_json_atomic(report.to_gradescope(result), args.results)
     return 0

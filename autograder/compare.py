@@ -96,8 +96,19 @@ def compare(label: str, got: torch.Tensor, expected: torch.Tensor, tol: torch.Te
     # A bound made of the underflow allowance alone (a few TINY) is below any difference float32
     # can show between numbers of ordinary size: for the reader, that value must be exact.
     allowed_words = "none: this value must be exact" if allowed < EXACT_BELOW else f"allowed {fmt(allowed)}"
-    return [f"{label}: expected {fmt(exp)}, got {fmt(value)}{position(worst)} "
+    exp_text, value_text = apart(exp, value)
+    return [f"{label}: expected {exp_text}, got {value_text}{position(worst)} "
             f"(error {fmt(abs(value - exp))}, {allowed_words})"]
+
+
+def apart(a: float, b: float) -> tuple[str, str]:
+    """``a`` and ``b`` with as many significant digits as it takes to tell them apart (6 at least,
+    17 at most: float64's round trip), so that "expected 0.25, got 0.25" never happens."""
+    for digits in range(6, 18):
+        x, y = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if x != y:
+            return x, y
+    return fmt(a), fmt(b)
 
 
 def _index(t: torch.Tensor, flat: int) -> str:

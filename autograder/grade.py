@@ -47,10 +47,17 @@ class CheckResult:
     visibility: str
     feedback: str = ""
     passed: bool | None = None  # None: passed means full marks (a 0-point check must say it)
+    staff_note: str = ""  # for the staff log only (a hidden check's failure in the grader's words)
 
     def __post_init__(self):
         if self.passed is None:
             self.passed = self.score == self.max_score
+
+    @property
+    def not_attempted(self) -> bool:
+        """The check met a blank (NotImplementedError) or no function at all."""
+        return self.feedback.startswith((NOT_IMPLEMENTED, NO_FUNCTION)) or \
+            HIDDEN_FEEDBACK["not implemented"] in self.feedback.split("\n", 1)[0]
 
     @property
     def bonus(self) -> bool:
@@ -65,6 +72,13 @@ class GradingResult:
     execution_time: float
     # For the staff, never for students: the grader's own log (e.g. a missing hidden seed).
     log: list[str] = field(default_factory=list)
+    # For the student, above everything else: why no check could run (the file does not import).
+    notice: str = ""
+
+    @property
+    def staff_notes(self) -> list[str]:
+        """For the staff too: which value of a failed hidden check differed, and by how much."""
+        return [c.staff_note for c in self.checks if c.staff_note]
 
     @property
     def score(self) -> float:
@@ -101,6 +115,11 @@ class _Abort(BaseException):
         super().__init__(message)
         self.message, self.fatal, self.kind = message, fatal, kind
 
+
+# The first words of a check that met a blank or no function (autograder/classroom reads them too).
+NOT_IMPLEMENTED = "not implemented: "
+NO_FUNCTION = "the submission defines no function "
+IMPORT_FAILED = "the submission could not be imported: "
 
 HIDDEN_FEEDBACK = {
     "error": "the function raised an exception",
@@ -219,7 +238,7 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
         if 5 in selected or training:
             sandbox.preload()  # if not yet: imported by the server while the other exercises are graded
         if first.import_error is not None:
-            message = "the submission could not be imported: " + calls.StudentError(first.import_error).describe()
+            message = IMPORT_FAILED + calls.StudentError(first.import_error).describe()
             results = [_zero(n, c, cfg, message) for n in selected for c in selected[n]]
             if training:
                 results.append(_training_result(cfg, 0.0, message))
@@ -235,7 +254,9 @@ def grade(source: str, cfg: GradingConfig, config_path, with_training: bool = Fa
              "network": first.network}
     order = {(n, c.id): i for n in selected for i, c in enumerate(selected[n])}
     results.sort(key=lambda r: (r.exercise, order.get((r.exercise, r.check), -1)))
-    return GradingResult(results, extra, round(time.monotonic() - started, 3), log)
+    notice = "" if first.import_error is None else \
+        f"Your file could not be imported, so no check could run: {calls.StudentError(first.import_error).describe()}"
+    return GradingResult(results, extra, round(time.monotonic() - started, 3), log, notice)
 
 
 def _grade_all(selected, cfg, workers, context, secret, defined, training) -> list[CheckResult]:
@@ -246,7 +267,7 @@ def _grade_all(selected, cfg, workers, context, secret, defined, training) -> li
             phase = [c for c in checks if c.hidden == hidden]
             name = exercise(number).name
             if name not in defined:
-                results += [_zero(number, c, cfg, f"the submission defines no function {name}") for c in phase]
+                results += [_zero(number, c, cfg, NO_FUNCTION + name) for c in phase]
                 continue
             role = f"hidden checks of exercise {number}" if hidden else \
                 "exercise 5" if number == 5 else "exercises 6-8" if is_bonus(number) else "exercises 1-4"
@@ -317,6 +338,8 @@ def _evaluate(number: int, case, context: dict, run: Callable, reference=None):
     if number == 5:
         oracle = update.oracle_for(case, lambda: ref[0] if ref else None)
         sub, problems = update.call_submission(case, lambda h, t: run(h, t, oracle, meanwhile))
+    elif getattr(case, "raises", ""):  # nothing to compare: the contract demands an exception
+        return None, None, calls.expect_error(exercise(number), case, lambda h, t: run(h, t, None, lambda: None))
     else:
         sub, problems = calls.call_submission(exercise(number), case, lambda h, t: run(h, t, None, meanwhile))
     return sub, (ref[0] if ref else None), problems
@@ -368,13 +391,15 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
 
     def drawn() -> None:
         """Hypothesis's run of the check: draws the examples (the recorded ones it meets first are
-        recalled, not run again) and shrinks a failure; raises the failure it reports."""
+        recalled, not run again) and shrinks a failure; raises the failure it reports. A hidden
+        check does not shrink: its feedback shows no counterexample, and the staff log names the
+        first one's worst value."""
         context.before_drawing()
 
         @hypothesis_seed(seed)
         @settings(max_examples=c.examples, derandomize=True, database=None, deadline=None, print_blob=False,
                   verbosity=Verbosity.quiet, suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
-                  phases=(Phase.generate, Phase.shrink))
+                  phases=(Phase.generate,) if check.hidden else (Phase.generate, Phase.shrink))
         @given(check.strategy(context))
         def prop(case):
             failed = recalled(case) if answered else attempt(case)
@@ -392,12 +417,12 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
         try:
             sub, ref, problems = _evaluate(number, case, context, run, reference)
             kind = "invalid"
-            if not problems:
+            if not problems and not getattr(case, "raises", ""):
                 problems, kind = check.compare(case, ref, sub, c.ulps), "mismatch"
         except calls.StudentError as err:
             kind = err.reply.get("type")
             if kind == "NotImplementedError":
-                raise _Abort(f"not implemented: {err.reply.get('message')}", fatal=True, kind="not implemented") from None
+                raise _Abort(NOT_IMPLEMENTED + str(err.reply.get("message")), fatal=True, kind="not implemented") from None
             if kind == "MemoryError":
                 raise _Abort(f"ran out of memory (the worker's cap is {cfg.worker.memory_mb} MiB): "
                              f"{err.reply.get('message')}; the remaining checks of this exercise were not run",
@@ -443,7 +468,7 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
             return failure
         return again if again is not None else failure
 
-    fatal = None
+    fatal, note = None, ""
     try:
         with warnings.catch_warnings():
             # Hypothesis warns its own users (e.g. "Generating overly large repr" of exercise 5's
@@ -457,18 +482,30 @@ def _run_check(number: int, check: Check, cfg: GradingConfig, get_worker, worker
         score, feedback = c.points, ""
     except _Failed as failure:
         score, feedback = 0.0, _feedback(number, check, simplest(failure), c.ulps, context, failures)
+        note = "; ".join(failure.problems)
     except _Abort as abort:
         score = 0.0
         if failures and not abort.fatal:
             feedback = _feedback(number, check, simplest(failures[-1]), c.ulps, context, failures)
+            note = "; ".join(failures[-1].problems)
         elif check.hidden:
-            feedback, fatal = _hidden_feedback(number, abort.kind), abort.message
+            feedback, fatal, note = _hidden_feedback(number, abort.kind), abort.message, abort.message
         else:
             feedback, fatal = abort.message, (abort.message if abort.fatal else None)
     except HypothesisException as err:  # e.g. Flaky: the submission is not deterministic
         score, feedback = 0.0, f"the check could not conclude ({type(err).__name__}): results differ between " \
                                "runs of the same input; make the function deterministic"
-    return CheckResult(number, check.id, check.description, score, c.points, c.visibility, feedback), fatal
+    staff = f"exercise {number}, hidden check {check.id}: failed on an example of the hidden seed: " \
+        f"{_clip(note)}" if check.hidden and score == 0 and note else ""
+    return CheckResult(number, check.id, check.description, score, c.points, c.visibility, feedback,
+                       staff_note=staff), fatal
+
+
+STAFF_NOTE_CHARS = 600  # a submission's exception message could be any length
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= STAFF_NOTE_CHARS else text[:STAFF_NOTE_CHARS] + " ..."
 
 
 def _hidden_feedback(number: int, kind: str) -> str:
@@ -487,7 +524,7 @@ def _feedback(number: int, check: Check, failure: _Failed, ulps: float, context:
     lines = ["Counterexample (shrunk):", _indent(failure.case.describe()), *problems]
     if failure.kind == "mismatch":
         if number == 5:
-            hint = update.hint(failure.case, failure.submitted, context["model"], check.compare, ulps)
+            hint = update.hint(failure.case, failure.submitted, context["model"], check.compare, ulps, failure.reference)
         else:
             evidence = [(f.case, f.submitted, f.reference) for f in (*failures, failure) if f.kind == "mismatch"]
             hint = MODULES[number].hint(evidence, ulps)
@@ -506,4 +543,4 @@ def _indent(text: str) -> str:
 def nothing_to_grade(cfg: GradingConfig, message: str) -> GradingResult:
     """Every check at 0 with ``message``: the file cannot be graded (missing, a link, not text, too big)."""
     results = [_zero(n, c, cfg, message) for n in CHECKS for c in CHECKS[n]]
-    return GradingResult(results, {"grader_version": __version__}, 0.0, [message])
+    return GradingResult(results, {"grader_version": __version__}, 0.0, [message], notice=message)

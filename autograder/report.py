@@ -36,24 +36,33 @@ def _title(number: int) -> str:
     return "training check" if number == 0 else f"exercise {number} ({exercise(number).name})"
 
 
+def _not_attempted(result: GradingResult) -> set[int]:
+    """The exercises whose every check met a blank (or no function)."""
+    numbers = {c.exercise for c in result.checks}
+    return {n for n in numbers if all(c.not_attempted for c in result.checks if c.exercise == n)}
+
+
 def to_gradescope(result: GradingResult) -> dict:
+    skipped = {n for n in _not_attempted(result) if is_bonus(n)}
     tests = [{
         "name": test_name(c),
         "score": c.score,
         "max_score": c.max_score,
         "status": "passed" if c.passed else "failed",
-        "output": c.description + ("\n\n" + c.feedback if c.feedback else ""),
+        "output": ("Not attempted (Part II is optional): " if c.exercise in skipped else "") + c.description
+                  + ("\n\n" + c.feedback if c.feedback else ""),
         "visibility": c.visibility,
         "extra_data": {"exercise": c.exercise, "check": c.check, **({"bonus": True} if c.bonus else {})},
     } for c in result.checks]
     bonus = {"part_one_score": result.score, "part_one_max": result.max_score,
              "bonus_score": result.bonus_score, "bonus_max": result.bonus_max} if result.bonus_max else {}
+    notes = {"hidden_check_failures": result.staff_notes} if result.staff_notes else {}  # stored, never shown
     return {
         "score": result.score + result.bonus_score,
         "execution_time": result.execution_time,
         "output": summary(result, include_hidden=False),
         "tests": tests,
-        "extra_data": {**result.extra, **bonus},
+        "extra_data": {**result.extra, **bonus, **notes},
     }
 
 
@@ -83,22 +92,34 @@ def summary(result: GradingResult, include_hidden: bool = True) -> str:
     those are scored now and reported when the staff publish grades."""
     visible = [c for c in result.checks if include_hidden or c.visibility == "visible"]
     shown = [c for c in visible if not c.bonus]
+    skipped = _not_attempted(result)
     label = "Total" if include_hidden else "Visible checks"
-    lines = [f"{label}: {sum(c.score for c in shown):g} / {sum(c.max_score for c in shown):g}"]
-    for number in sorted({c.exercise for c in shown}):
-        rows = [c for c in shown if c.exercise == number]
-        lines.append(f"  {_title(number)}: {sum(c.score for c in rows):g} / {sum(c.max_score for c in rows):g}")
+    lines = [result.notice] if result.notice else []
+    lines.append(f"{label}: {sum(c.score for c in shown):g} / {sum(c.max_score for c in shown):g}")
+    lines += _per_exercise(shown, skipped)
     bonus = [c for c in visible if c.bonus]
-    if bonus:  # Part II apart: bonus points beyond the total above
+    if bonus and {c.exercise for c in bonus} <= skipped:
+        lines.append(f"{BONUS_TITLE}, optional: not attempted")
+    elif bonus:  # Part II apart: bonus points beyond the total above
         lines.append(f"{BONUS_TITLE}, beyond the total: {sum(c.score for c in bonus):g} / {sum(c.max_score for c in bonus):g}")
-        for number in sorted({c.exercise for c in bonus}):
-            rows = [c for c in bonus if c.exercise == number]
-            lines.append(f"  {_title(number)}: {sum(c.score for c in rows):g} / {sum(c.max_score for c in rows):g}")
+        lines += _per_exercise(bonus, skipped)
     hidden = [c for c in result.checks if c.visibility != "visible"]
     if hidden and not include_hidden:
-        lines.append(f"Hidden checks ({sum(c.max_score for c in hidden):g} points) are graded now and shown "
-                     "when grades are published.")
+        points = sum(c.max_score for c in hidden if not c.bonus)
+        extra = sum(c.max_score for c in hidden if c.bonus)
+        worth = " and ".join(part for part in (f"{points:g} points" if points else "",
+                                               f"{extra:g} bonus points" if extra else "") if part)
+        lines.append(f"Hidden checks ({worth}) are graded now and shown when grades are published.")
     return "\n".join(lines)
+
+
+def _per_exercise(checks: list[CheckResult], skipped: set[int]) -> list[str]:
+    lines = []
+    for number in sorted({c.exercise for c in checks}):
+        rows = [c for c in checks if c.exercise == number]
+        lines.append(f"  {_title(number)}: {sum(c.score for c in rows):g} / {sum(c.max_score for c in rows):g}"
+                     + (" (not attempted)" if number in skipped else ""))
+    return lines
 
 
 def terminal(result: GradingResult) -> str:
@@ -107,6 +128,8 @@ def terminal(result: GradingResult) -> str:
     out = []
     part_one = sorted({c.exercise for c in result.checks if not c.bonus})
     part_two = sorted({c.exercise for c in result.checks if c.bonus})
+    if result.notice:
+        out += [result.notice, ""]
     for number in part_one:
         out += _table(result, number)
     out.append(f"{'TOTAL':<66}{result.score:>6g} / {result.max_score:g}")

@@ -1,6 +1,6 @@
 """Benchmark: what each change to the rollout's decoding buys, on a random-init Qwen2.5-0.5B shape.
 
-    python benchmarks/decode_profile.py [--batch 256] [--new-tokens 400] [--out FILE.md]
+    python benchmarks/decode_profile.py [--batch 256] [--new-tokens 400] [--out reports/performance/decode_profile_h100.md]
 
 Needs no model files: a random-init Qwen2 with Qwen2.5-0.5B's shape (24 layers, 14 query heads,
 2 key/value heads, 151,936 tokens, untied LM head, 630M parameters, as the GGUF loads) stands in,

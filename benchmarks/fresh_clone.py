@@ -6,7 +6,7 @@ Clones commit REF of this repository into a temporary folder and times there wha
 does: the virtualenv and `pip install -c autograder/gradescope/constraints.txt -e '.[dev]'` with
 PIP_NO_CACHE_DIR=1 (nothing comes from pip's cache), then the whole suite (`pytest`); then the
 fast tier (`pytest -m "not slow"`). Each step with its wall time and CPU time (user + sys of
-every process it started) and the last line pytest printed. Targets (issue 19): install and
+every process it started) and the last line pytest printed. The project's targets: install and
 whole suite within 15 min, fast tier under 3 min.
 
 Run it on an otherwise idle machine: the suite uses every core (pytest-xdist).

@@ -34,14 +34,14 @@ optional bonus). `assignment/helpers.py` and `assignment/model.py` are given; `a
 python3 -m venv .venv
 # torch's CPU wheel (no CUDA libraries): what the CPU demo and the public tests need
 .venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
-.venv/bin/pip install -e .                                    # the rest of the CPU install
+.venv/bin/pip install -e .                                    # the rest of the CPU install, matplotlib included
 .venv/bin/python -m pytest tests/public                       # the property checks, on your file
 .venv/bin/python -m pytest tests/public -m ex3                # one exercise's (ex1 ... ex8)
 .venv/bin/ppo-train --config configs/cpu_synthetic.yaml       # watch your trainer learn, on CPU
 ```
 
-For GPU runs on GSM8K (datasets, GGUF models, TensorBoard, plots), install the `train` extra
-instead, with torch for your CUDA: `.venv/bin/pip install -e '.[train]'`.
+For GPU runs on GSM8K (datasets, GGUF models, TensorBoard), install the `train` extra instead,
+with torch for your CUDA: `.venv/bin/pip install -e '.[train]'`.
 
 Submit `assignment/exercises.py` on Gradescope.
 """
@@ -87,9 +87,10 @@ def _student_pyproject() -> str:
     staff = tomllib.loads((ROOT / "pyproject.toml").read_text())
     project = staff["project"]
     extras = project["optional-dependencies"]
-    # The install is what the CPU demo and the public tests need; GPU runs add the `train` extra.
-    dependencies = project["dependencies"] + extras["cpu"]
+    # The install is what the CPU demo and the public tests need, and matplotlib: the demo's reward
+    # curve and --compare's figure, which the handout shows; GPU runs add the `train` extra.
     train = [d for d in extras["train"] if not d.startswith(project["name"])]
+    dependencies = project["dependencies"] + extras["cpu"] + [d for d in train if d.startswith("matplotlib")]
     from autograder import __version__
 
     return "\n".join([

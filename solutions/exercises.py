@@ -41,8 +41,8 @@ import torch
 
 from assignment.helpers import logprobs_from_logits, masked_mean, masked_whiten, reduction_dtype
 
-# TRY NOT TO MODIFY anything outside the five marked blanks: the autograder calls these
-# functions by name with exactly these signatures.
+# TRY NOT TO MODIFY anything outside the eight marked blanks (five, and Part II's three): the
+# autograder calls these functions by name with exactly these signatures.
 
 
 def compute_policy_loss(
@@ -406,7 +406,8 @@ def aggregate_loss(
         loss: () scalar whose gradient reaches ``loss_mat``.
 
     Hints:
-        7.1 Select padding away before summing (masked_sum, or torch.where): junk must not leak.
+        7.1 Select padding away before summing (torch.where, or masked_sum: import it from
+            assignment.helpers): junk must not leak.
         7.2 In "seq-mean-token-mean", rows with no real token have no mean: leave them out.
         7.3 "seq-mean-token-sum-norm" divides by B * max_response_length for every batch: not by
             each row's length, and not by T, the batch's padded width.

@@ -235,6 +235,12 @@ _POLICY_MUTANTS = [
         hint="clip",
     ),
     Variant(
+        "policy_clipfrac_unclipped_active", 1,
+        "Flags a token as clipped where the unclipped term is the active (larger) one: the comparison the wrong way round.",
+        (_sub(E1_CLIP_FRAC, "\n        clip_frac = masked_mean((unclipped > clipped).to(reduction_dtype(ratio.dtype)), response_mask)\n"),),
+        hint="the unclipped one",
+    ),
+    Variant(
         "policy_clipfrac_ge", 1,
         "Counts the clipped term as active with >= instead of strict >, so every token inside the trust region counts as clipped.",
         (_sub(E1_CLIP_FRAC, "\n        clip_frac = masked_mean((clipped >= unclipped).to(reduction_dtype(ratio.dtype)), response_mask)\n"),),
@@ -338,6 +344,12 @@ _ENTROPY_MUTANTS = [
         hint="mask",
     ),
     Variant(
+        "entropy_mean_over_all_positions", 3,
+        "Zeroes the padding with (entropy * mask) and takes .mean(): divides by all B*T positions, not the real tokens.",
+        (_sub(E3_RETURN, "\n    return -(entropy * response_mask).mean()\n"),),
+        hint="B * T",
+    ),
+    Variant(
         "entropy_softmax_wrong_dim", 3,
         "Takes the softmax over the sequence dimension (dim=1) instead of the vocabulary.",
         (_sub(E3_ENTROPY, "\n    entropy = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=1) * z).sum(dim=-1)  # (B, T)\n"),),
@@ -380,7 +392,13 @@ _GAE_MUTANTS = [
         "gae_forward_loop", 4,
         "Runs the recursion forwards (t = 0..T-1), so A_t is built from A_{t-1} instead of A_{t+1}.",
         (_sub(E4_LOOP, "\n        for t in range(T):\n"),),
-        hint="reverse",
+        hint="runs forward",
+    ),
+    Variant(
+        "gae_final_reward_scatter", 4,
+        "Places the final reward with scatter_add_ at index L_b - 1: right wherever a row has a real token (every "
+        "row the trainer makes), an error for an empty row (index -1).",
+        (_sub(E4_FINAL, "\n        rewards.scatter_add_(1, (lengths - 1)[:, None], final_rewards.to(dtype)[:, None])\n"),),
     ),
     Variant(
         "gae_loop_skips_last", 4,
@@ -1353,8 +1371,8 @@ ALL: list[Variant] = MUTANTS + ALTERNATIVES + ATTACKS + [WRONG_EVERYWHERE]
 
 
 def by_name(name: str) -> Variant:
-    """The variant called ``name``."""
-    for v in ALL:
+    """The variant called ``name`` (Part I's or Part II's)."""
+    for v in ALL + PART2_MUTANTS + PART2_ALTERNATIVES:
         if v.name == name:
             return v
     raise KeyError(name)
@@ -1374,11 +1392,20 @@ E7_NORM = "\n        return x.sum() / (x.shape[0] * max_response_length)\n"
 E8_K1 = "\n        kl = -log_ratio\n"
 E8_K2 = "\n        kl = 0.5 * log_ratio ** 2\n"
 E8_K3 = "\n        kl = torch.exp(log_ratio) - 1.0 - log_ratio\n"
+E7_UNKNOWN = ("\n    raise ValueError(f\"unknown loss_agg_mode {loss_agg_mode!r}: use token-mean, seq-mean-token-mean \"\n"
+              "                     f\"or seq-mean-token-sum-norm\")\n")
+E8_UNKNOWN = "\n    else:\n        raise ValueError(f\"unknown kl_estimator {kl_estimator!r}: use k1, k2 or k3\")\n"
 
 PART2_MUTANTS: list[Variant] = [
-    Variant("grpo_batch_std", 6, "Divides by the std of the whole batch instead of the group's.",
-            (_sub(E6_DIVIDE, "\n            scores = scores / ((torch.std(r) if r.numel() > 1 else 0.0) + eps)\n"),),
+    Variant("grpo_batch_std", 6, "Divides by torch.std of the whole batch instead of the group's (NaN for a batch "
+            "of one response).", (_sub(E6_DIVIDE, "\n            scores = scores / (torch.std(r) + eps)\n"),),
             hint="per group"),
+    Variant("grpo_eps_inside_sqrt", 6, "Divides by sqrt(var + eps) instead of std + eps.",
+            (_sub(E6_DIVIDE, "\n            scores = scores / torch.sqrt(std[group] ** 2 + eps)\n"),),
+            hint="outside the square root"),
+    Variant("grpo_dr_divides_by_one_plus_eps", 6, "Dr. GRPO mode divides the centred reward by 1 + eps (a std of 1).",
+            (_sub(E6_DIVIDE, "\n            scores = scores / (std[group] + eps)\n        else:\n"
+                             "            scores = scores / (1.0 + eps)\n"),)),
     Variant("grpo_population_std", 6, "Takes the population std (divides by n) instead of the sample std (n - 1).",
             (_sub(E6_STD, "\n            std = torch.sqrt(squares / count)  # (G,)\n"),), hint="Bessel"),
     Variant("grpo_batch_mean", 6, "Subtracts the mean of the whole batch instead of the group's.",
@@ -1396,8 +1423,15 @@ PART2_MUTANTS: list[Variant] = [
             (_sub(E7_NORM, "\n        return x.sum() / (x.shape[0] * x.shape[1])\n"),), hint="padded width"),
     Variant("agg_sum_norm_no_batch", 7, "Dr. GRPO mode divides by the budget alone (verl's form), not by B * budget.",
             (_sub(E7_NORM, "\n        return x.sum() / max_response_length\n"),), hint="B * max_response_length"),
+    Variant("agg_unknown_mode_falls_back", 7, "An unknown loss_agg_mode silently falls back to token-mean.",
+            (_sub(E7_UNKNOWN, "\n    return x.sum() / mask.sum()\n"),), hint="ValueError"),
     Variant("agg_seq_mean_counts_empty_rows", 7, "GRPO mode counts empty responses in the mean over responses.",
             (_sub(E7_SEQ, "\n        return (x.sum(dim=-1) / lengths.clamp(min=1)).mean()\n"),), hint="no real token"),
+    Variant("kl_unknown_estimator_falls_back", 8, "An unknown kl_estimator silently falls back to k3.",
+            (_sub(E8_UNKNOWN, "\n    else:\n        kl = torch.exp(log_ratio) - 1.0 - log_ratio\n"),), hint="ValueError"),
+    Variant("kl_k3_clamped", 8, "Clamps k3 to [-10, 10], as verl does: k3 and its gradient are wrong past the clamp.",
+            (_sub(E8_K3, "\n        kl = torch.clamp(torch.exp(log_ratio) - 1.0 - log_ratio, min=-10.0, max=10.0)\n"),),
+            hint="clamp"),
     Variant("kl_k3_ratio_flipped", 8, "k3 with the ratio the wrong way up: exp(logprobs - ref) - 1 - (logprobs - ref).",
             (_sub(E8_K3, "\n        kl = torch.exp(-log_ratio) - 1.0 + log_ratio\n"),), hint="other way up"),
     Variant("kl_k1_sign", 8, "k1 as ref_logprobs - logprobs.", (_sub(E8_K1, "\n        kl = log_ratio\n"),), hint="sign"),

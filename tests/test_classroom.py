@@ -235,7 +235,7 @@ def test_statuses_summary_and_exit_status(graded_class):
 @pytest.mark.slow
 @CLASS_GROUP
 def test_the_gradebook_names_the_right_students(graded_class):
-    """Issue 17's done-when: the reason column, the mistakes-by-kind table and the similarity
+    """What a TA reads first: the reason column, the mistakes-by-kind table and the similarity
     report of a class of corpus submissions, two identical copies and a key copy."""
     run = graded_class
     rows = {r["student"]: r for r in read_csv(run.out / "gradebook.csv")}

@@ -52,3 +52,6 @@ def test_the_handout_states_the_hidden_points_grading_yaml_gives():
     assert f"visible checks ({visible:g} of the 100 points)" in text
     numbers = ", ".join(f"{h:g}" for h in hidden[:-1]) + f" and {hidden[-1]:g}"
     assert f"hidden ones ({sum(hidden):g} points: {numbers} for exercises 1 to 5)" in text
+    bonus = [sum(c.points for c in cfg.bonus[n].values() if c.visibility != "visible") for n in sorted(cfg.bonus)]
+    numbers = ", ".join(f"{h:g}" for h in bonus[:-1]) + f" and {bonus[-1]:g}"
+    assert f"Part II's hidden checks add {sum(bonus):g} bonus points ({numbers} for exercises 6 to 8)" in text

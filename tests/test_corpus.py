@@ -452,7 +452,8 @@ def test_public_tests_fail_every_mutant_and_pass_every_correct_file(tmp_path):
     import subprocess
 
     files = {}
-    for v in MUTANTS + ALTERNATIVES:
+    mutants = MUTANTS + corpus.PART2_MUTANTS
+    for v in mutants + ALTERNATIVES + corpus.PART2_ALTERNATIVES:
         files[v.name] = tmp_path / f"{v.name}.py"
         files[v.name].write_text(render(v))
     for path in sorted((ROOT / "tests" / "submissions").glob("correct_*.py")):
@@ -461,7 +462,7 @@ def test_public_tests_fail_every_mutant_and_pass_every_correct_file(tmp_path):
                           capture_output=True, text=True, timeout=900)
     outcome = dict(item.rsplit("=", 1) for item in proc.stdout.split("OUTCOMES ")[-1].split())
     code = {name: outcome[str(path)] for name, path in files.items()}
-    passed_mutants = [v.name for v in MUTANTS if code[v.name] == "0"]
-    failed_correct = [n for n in code if n not in {v.name for v in MUTANTS} and code[n] != "0"]
+    passed_mutants = [v.name for v in mutants if code[v.name] == "0"]
+    failed_correct = [n for n in code if n not in {v.name for v in mutants} and code[n] != "0"]
     assert not passed_mutants, f"the public tests miss {passed_mutants}"
     assert not failed_correct, f"the public tests reject correct files {failed_correct}"

@@ -1,4 +1,4 @@
-"""Feedback for students, logs for staff (issue 15): messages that say what to do, counterexamples
+"""Feedback for students, logs for staff: messages that say what to do, counterexamples
 without clutter, and nothing meant for staff or for Hypothesis's users in the student's text."""
 
 from __future__ import annotations

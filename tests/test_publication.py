@@ -1,4 +1,4 @@
-"""Nothing of the hidden score before publication (issue 15).
+"""Nothing of the hidden score before publication.
 
 Gradescope's documentation (autograder specifications, "Controlling Test Case Visibility"):
 `after_published` tests are shown "only when the assignment is explicitly published"; "If test

@@ -14,6 +14,10 @@ from course import release
 PATH_REFERENCE = re.compile(r"(?<![\w./-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|yaml|yml|jsonl|json|txt|sh|png|gguf))")
 # Placeholders and what a run writes, not files to ship.
 NOT_SHIPPED_ON_PURPOSE = ("RUN_DIR/", "runs/", "eval_samples/", "other/", "my_", "path/to/")
+# `python -m NAME` (a module the text sends the reader to run) and `README "Section"`.
+MODULE_REFERENCE = re.compile(r"python -m ([A-Za-z_][\w.]*)")
+INSTALLED_TOOLS = {"pytest", "pip", "venv"}
+SECTION_REFERENCE = re.compile(r'README "([^"]+)"')
 
 
 def test_student_release_has_the_blanks_and_nothing_of_the_solution(tmp_path):
@@ -28,13 +32,23 @@ def test_student_release_has_the_blanks_and_nothing_of_the_solution(tmp_path):
 
 
 def test_student_release_names_only_files_it_ships(tmp_path):
+    """Every file, module to run and README section the release names is in the release."""
     out = release.build_student_release(tmp_path / "release")
+    readme = (out / "README.md").read_text()
     missing = []
     for path in out.rglob("*"):
         if path.is_file():
-            for ref in PATH_REFERENCE.findall(path.read_text(errors="ignore")):
+            text = path.read_text(errors="ignore")
+            for ref in PATH_REFERENCE.findall(text):
                 if not (out / ref).exists() and not any(p in ref for p in NOT_SHIPPED_ON_PURPOSE):
                     missing.append(f"{path.relative_to(out)} -> {ref}")
+            for module in set(MODULE_REFERENCE.findall(text)) - INSTALLED_TOOLS:
+                where = out / module.replace(".", "/")
+                if not (where.with_suffix(".py").is_file() or (where / "__main__.py").is_file()):
+                    missing.append(f"{path.relative_to(out)} -> python -m {module}")
+            for section in SECTION_REFERENCE.findall(text):
+                if not re.search(rf"^#+ {re.escape(section)}$", readme, flags=re.M):
+                    missing.append(f"{path.relative_to(out)} -> README section {section!r}")
     assert not missing, missing
 
 
@@ -75,6 +89,23 @@ def test_release_installs_and_passes_its_own_public_tests_in_a_fresh_venv(tmp_pa
                             "train.progress=false"], cwd=out, capture_output=True, text=True, env=env)
     assert train.returncode == 2 and "Fill it in in assignment/exercises.py" in train.stderr
     assert "Traceback" not in train.stderr and "solutions" not in train.stderr
+    # What the README and the handout promise of this install: a demo writes the reward curve it
+    # names (PPO's and Part II's), and --compare prints the tables and draws the figure.
+    runs = tmp_path / "runs"
+    for name, label in (("cpu_synthetic", "PPO"), ("cpu_synthetic_grpo", "GRPO")):
+        demo = subprocess.run([venv / "bin" / "ppo-train", "--config", f"configs/{name}.yaml", "--impl", solved,
+                               "train.steps=2", "eval.size=8", "train.progress=false", f"train.output_dir={runs / name}"],
+                              cwd=out, capture_output=True, text=True, env=env)
+        assert demo.returncode == 0, demo.stderr[-3000:]
+        assert f"status: finished (2 {label} steps)" in demo.stdout, demo.stdout
+        assert f"reward curve: {runs / name / 'reward_curve.png'}" in demo.stdout, demo.stdout + demo.stderr
+        assert (runs / name / "reward_curve.png").is_file() and "no reward curve" not in demo.stdout + demo.stderr
+    figure = tmp_path / "ablation.png"
+    compare = subprocess.run([venv / "bin" / "ppo-train", "--compare", runs / "cpu_synthetic", runs / "cpu_synthetic_grpo",
+                              "--compare-out", figure], cwd=out, capture_output=True, text=True, env=env)
+    assert compare.returncode == 0, compare.stderr[-3000:]
+    assert "| run | greedy accuracy (n) |" in compare.stdout and "| A | B |" in compare.stdout, compare.stdout
+    assert f"wrote {figure}" in compare.stdout and figure.is_file()
 
 
 def test_leak_check_catches_a_planted_solution_line(tmp_path):

@@ -84,6 +84,15 @@ def compare_tables(folders: list[Path]) -> str:
             f"| {_f(lengths[0], '.0f')} -> {_f(lengths[1], '.0f')} | {cut:.1%} "
             f"| {_f(_window(m, 'rollout/kl', True), '.1f')} ({_f(kl_max, '.1f')}) |")
 
+    lines += ["", "Cut at the limit: greedy answers that reached rollout.max_new_tokens before an EOS. The reward "
+              "still reads the last answer marker of what was written, so a cut answer can be right: where answers "
+              "need the whole budget (the synthetic task's 4 tokens), nearly all are cut."]
+    levels = [(run["label"], run["metrics"][-1].get("rollout/max_operand")) for run in runs]
+    if any(level is not None for _, level in levels):  # the synthetic task's curriculum (data.curriculum_*)
+        lines += ["", "Curriculum at the last step (rollout/max_operand: training sums use operands up to it; greedy "
+                  "evaluation always uses the full range): " + ", ".join(f"{label} {_f(level, 'g')}" for label, level
+                                                                          in levels) + ". Runs that reached different "
+                  "levels trained on different sums: compare their curves with that in mind."]
     lines += ["", "After training, run A against run B on the same problems (exact McNemar test):", "",
               "| A | B | A right, B wrong | A wrong, B right | p |", "|---|---|---|---|---|"]
     for a, b in combinations(runs, 2):

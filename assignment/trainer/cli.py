@@ -22,7 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from assignment.trainer.config import ConfigError, load_config
+from assignment.trainer.config import ALGORITHM_NAMES, ConfigError, load_config
 from assignment.trainer.data import DataError
 from assignment.trainer.distributed import Distributed, WorldSizeError
 from assignment.trainer.impl import ImplError, load_impl
@@ -80,16 +80,19 @@ def main(argv: list[str] | None = None) -> int:
             from assignment.trainer.runlog import compare_runs
 
             folders = [Path(d) for d in args.compare]
-            try:
-                print(f"wrote {compare_runs(folders, Path(args.compare_out))}")
-            except ImportError as err:  # matplotlib is in the train extra, not the cpu one
-                print(f"ppo-train: --compare draws with matplotlib ({err}): pip install matplotlib", file=sys.stderr)
-                return 2
+            tables = figure = True
             try:
                 print(compare_tables(folders), end="")
             except FileNotFoundError as err:  # runs without a greedy evaluation before and after: the figure alone
                 print(f"no tables: {err}")
-            return 0
+                tables = False
+            try:
+                print(f"wrote {compare_runs(folders, Path(args.compare_out))}")
+            except ImportError as err:  # matplotlib: the student install has it, a staff cpu-extra one may not
+                print(f"ppo-train: no figure: --compare draws with matplotlib ({err}): pip install matplotlib",
+                      file=sys.stderr)
+                figure = False
+            return 0 if tables or figure else 2
         if args.report:
             from assignment.trainer.report import write_report
 
@@ -116,16 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         print("ppo-train: interrupted; continue with --resume RUN_DIR (from the last checkpoint)", file=sys.stderr)
         return 130
     if Distributed().is_main:  # under accelerate launch, one job prints one summary
-        print_summary(result)
+        print_summary(result, cfg.algorithm)
     return 0
 
 
-def print_summary(result: RunResult) -> None:
+def print_summary(result: RunResult, algorithm: str = "ppo") -> None:
     if result.status == TIME_LIMIT:
         print(f"status: time_limit: stopped after step {result.step} ({result.seconds:.0f} s), checkpoint saved; "
               f"continue with: ppo-train --resume {result.output_dir}")
         return
-    print(f"status: finished ({len(result.metrics)} PPO steps)")
+    print(f"status: finished ({len(result.metrics)} {ALGORITHM_NAMES[algorithm]} steps)")
     rewards = result.rewards()
     window = min(REWARD_WINDOW, len(rewards))
     print(f"done in {result.seconds:.0f} s: {result.output_dir}")
@@ -135,7 +138,8 @@ def print_summary(result: RunResult) -> None:
         first, last = result.evals[0], result.evals[-1]
         print(f"eval accuracy {first['eval/accuracy']:.3f} -> {last['eval/accuracy']:.3f}, "
               f"answer rate {first['eval/format_rate']:.3f} -> {last['eval/format_rate']:.3f}")
-    print(f"reward curve: {result.output_dir / 'reward_curve.png'}")
+    curve = result.output_dir / "reward_curve.png"
+    print(f"reward curve: {curve}" if curve.is_file() else "no reward curve: matplotlib draws it (pip install matplotlib)")
 
 
 if __name__ == "__main__":

@@ -302,6 +302,7 @@ class TrainConfig:
 
 
 ALGORITHMS = ("ppo", "grpo", "dr_grpo")
+ALGORITHM_NAMES = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO"}  # as people write them
 OPTIMIZERS = ("adamw", "adamw_8bit")
 
 

@@ -51,7 +51,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
 from assignment.model import PolicyWithValueHead
 from assignment.trainer import checkpoint, grpo
-from assignment.trainer.config import Config, ConfigError, PPOConfig, RewardConfig, to_yaml
+from assignment.trainer.config import ALGORITHM_NAMES, Config, ConfigError, PPOConfig, RewardConfig, to_yaml
 from assignment.trainer.distributed import (Distributed, NullLogger, NullProgress, sharded_eval_batches,
                                            whole_rollout)
 from assignment.trainer.data import Curriculum, Problem, load_problems, training_batch
@@ -539,7 +539,7 @@ def run_steps(run: Run, cfg: Config, impl: ModuleType, on_step: Callable[[int, d
     after the step that crosses the time limit."""
     if eval_due(cfg, run.start_step):
         run_eval(run, cfg, run.start_step)
-    steps = tqdm(range(run.start_step + 1, cfg.train.steps + 1), desc="PPO steps", initial=run.start_step,
+    steps = tqdm(range(run.start_step + 1, cfg.train.steps + 1), desc=f"{ALGORITHM_NAMES[cfg.algorithm]} steps", initial=run.start_step,
                  total=cfg.train.steps, disable=not cfg.train.progress)
     for step in steps:
         started = time.time()

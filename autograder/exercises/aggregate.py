@@ -17,19 +17,28 @@ B' the rows with L_b > 0, C = max_response_length, and the result y:
 from __future__ import annotations
 
 import torch
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from assignment.contract import LOSS_AGG_MODES, exercise
 
 from ..cases import DTYPES, Case, array, junk, mask_as, padding
-from . import Check, common, fixed
+from . import Check, all_of, common, fixed
 
 EXERCISE = exercise(7)
 
 
+# Names a student might pass or accept by mistake: TRL's loss_type names, near misses of verl's.
+UNKNOWN_MODES = ("grpo", "dr_grpo", "bnpo", "token_mean", "seq-mean-token-sum", "mean")
+
+
 @st.composite
-def aggregate_case(draw, modes=LOSS_AGG_MODES) -> Case:
-    mask = draw(padding(max_b=6, max_t=10))
+def aggregate_case(draw, modes=LOSS_AGG_MODES, empty_rows: bool = False) -> Case:
+    """Every row holds a real token, as the trainer's responses do (their EOS); ``empty_rows``: at
+    least one row holds none (the contract's rule for them: seq-mean-token-mean leaves them out,
+    seq-mean-token-sum-norm counts them in B)."""
+    mask = draw(padding(max_b=6, max_t=10, empty_rows=empty_rows))
+    assume(not empty_rows or not bool(mask.any(1).all()))
     B, T = mask.shape
     dtype = draw(st.sampled_from(DTYPES))
     loss = array(draw, (B, T), -5.0, 5.0).to(dtype)
@@ -37,6 +46,16 @@ def aggregate_case(draw, modes=LOSS_AGG_MODES) -> Case:
     budget = T + draw(st.sampled_from([0, 3, 17, 500]))
     return Case(tensors={"loss_mat": junk(draw, loss, mask, -100.0, 100.0), "response_mask": mask_as(draw, mask, dtype)},
                 scalars={"loss_agg_mode": draw(st.sampled_from(modes)), "max_response_length": budget})
+
+
+@st.composite
+def edge_case(draw) -> Case:
+    """What the trainer never sends: empty rows (any mode), or a mode that is none of the three."""
+    if not draw(st.booleans()):
+        return draw(aggregate_case(empty_rows=True))
+    case, mode = draw(aggregate_case()), draw(st.sampled_from(UNKNOWN_MODES))
+    return Case(case.tensors, {**case.scalars, "loss_agg_mode": mode},
+                {"why": f"loss_agg_mode {mode!r} is none of the three modes"}, raises="ValueError")
 
 
 def weights(case: Case, mode: str | None = None, budget: float | None = None, empty_rows: bool = False) -> torch.Tensor:
@@ -121,11 +140,14 @@ _gradient = common.gradient(scales, "loss_mat")
 CHECKS = (
     Check("token_mean", "token-mean: the sum over real tokens over their number",
           fixed(aggregate_case(modes=("token-mean",))), _loss),
-    Check("seq_mean_token_mean", "seq-mean-token-mean (GRPO): the mean over non-empty responses of their token-means",
+    Check("seq_mean_token_mean", "seq-mean-token-mean (GRPO): the mean over responses of their token-means",
           fixed(aggregate_case(modes=("seq-mean-token-mean",))), _loss),
     Check("seq_mean_token_sum_norm", "seq-mean-token-sum-norm (Dr. GRPO): the sum over real tokens over "
           "B * max_response_length", fixed(aggregate_case(modes=("seq-mean-token-sum-norm",))), _loss),
-    Check("gradient", "the gradient w.r.t. loss_mat is each token's weight in the mode, 0 on padding",
-          fixed(aggregate_case()), _gradient),
+    Check("gradient", "the gradient w.r.t. loss_mat is each token's weight in the mode, 0 on padding; every mode, "
+          "on the inputs of the three checks above", fixed(aggregate_case()), _gradient),
+    Check("edge_cases", "the contract's rules for what the trainer never sends: an empty response has no mean and "
+          "counts in B (the loss and its gradient), an unknown mode raises ValueError",
+          fixed(edge_case()), all_of(_loss, _gradient)),
     Check("hidden_loss", "the loss on the hidden inputs, every mode", fixed(aggregate_case()), _loss),
 )

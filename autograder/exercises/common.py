@@ -63,6 +63,11 @@ def gradient(scales: Scales, param: str) -> Callable[..., list[str]]:
     return check
 
 
+# (x * mask).mean(): padding zeroed, then divided by all B * T positions (exercises 1-3)
+ALL_POSITIONS = ("you zero the padding but divide by every position, B * T: the token-mean divides by the number of "
+                 "real tokens (masked_mean(x, response_mask))")
+
+
 # A mistake fits a case when the submission is this many times closer to what the mistake gives
 # than to the reference. The grading bound cannot serve here: it is derived from the reference's
 # terms (the real tokens), while a mistake may round terms of its own (an unmasked mean sums
@@ -90,10 +95,13 @@ def suggest(patterns, scales: Scales, evidence: list, ulps: float) -> str | None
         if sub is None or ref is None:
             continue
         s, mask = scales(case, ref), case.mask
-        here: dict[str, bool | None] = {}  # message -> fits (True/False), or None: this case is silent
+        # message -> output -> fits: any of the mistake's forms of that output fits, and it must fit
+        # every output it changes (whitening two numbers gives +-0.707 whatever they were: on such a
+        # case an advantages pattern fits what the returns tell apart)
+        here: dict[str, dict[str, bool]] = {}
         for name, wrong, message in patterns(case):
             got, right = sub.outputs.get(name), ref.outputs.get(name)
-            here.setdefault(message, None)
+            here.setdefault(message, {})
             if got is None:
                 continue
             tol = bound(ulps, s[name]).expand_as(right.double())
@@ -104,12 +112,12 @@ def suggest(patterns, scales: Scales, evidence: list, ulps: float) -> str | None
                 continue  # the mistake changes nothing here
             fit = bool(within(got, wrong, tol).all()) or \
                 bool(((got - wrong).abs().max() <= FIT_RATIO * (got - right).abs().max()))
-            here[message] = bool(here[message]) or fit
-        for message, fit in here.items():
+            here[message][name] = here[message].get(name, False) or fit
+        for message, outputs in here.items():
             fits.setdefault(message, True)
             spoke.setdefault(message, False)
-            if fit is not None:
-                fits[message] &= fit
+            if outputs:  # the case speaks about this mistake
+                fits[message] &= all(outputs.values())
                 spoke[message] = True
     found = [m for m in fits if fits[m] and spoke[m]]
     return found[0] if len(found) == 1 else None

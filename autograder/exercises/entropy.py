@@ -78,6 +78,7 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
         ("loss", masked_mean(h, mask), "mind the sign: the entropy loss is -token-mean(H), so that minimising it raises the entropy"),
         ("loss", -h.mean(), "the mean includes padded positions: use masked_mean"),
         ("loss", -row_means, "you average per-row means; use the token-mean over all real tokens"),
+        ("loss", -torch.where(mask, h, 0.0).mean(), common.ALL_POSITIONS),
     ]
 
 

@@ -18,6 +18,7 @@ A_t carries every later step's error, damped by gamma * lam:
 from __future__ import annotations
 
 import torch
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from assignment.contract import exercise
@@ -30,8 +31,11 @@ EXERCISE = exercise(4)
 
 
 @st.composite
-def gae_case(draw, lam_zero: bool = False, reward_to_go: bool = False) -> Case:
-    mask = draw(padding(max_t=16))
+def gae_case(draw, lam_zero: bool = False, reward_to_go: bool = False, empty_rows: bool = False) -> Case:
+    """Every row holds a real token, as the trainer's responses do (their EOS); ``empty_rows``: at
+    least one row holds none, the contract's rule for which is that it gets nothing."""
+    mask = draw(padding(max_t=16, empty_rows=empty_rows))
+    assume(not empty_rows or not bool(mask.any(1).all()))
     B, T = mask.shape
     dtype = draw(st.sampled_from(DTYPES))
     gamma = 1.0 if reward_to_go else draw(st.floats(0.0, 1.0))
@@ -64,8 +68,9 @@ def token_rewards(case: Case, reward_index: str = "last_real", kl_sign: float = 
 
 
 def raw_advantages(case: Case, reward_index="last_real", use_next_mask=True, gamma=None, lam=None,
-                   kl_sign=-1.0, skip_last=False) -> torch.Tensor:
-    """(B, T) float64 unwhitened GAE; the keyword arguments reproduce known mistakes."""
+                   kl_sign=-1.0, skip_last=False, forward=False, trace_gamma=True) -> torch.Tensor:
+    """(B, T) float64 unwhitened GAE; the keyword arguments reproduce known mistakes (``forward``:
+    the same loop run t = 0, 1, ..., what it carries from step to step coming from t - 1)."""
     mask = case.mask
     gamma = case.scalars["gamma"] if gamma is None else gamma
     lam = case.scalars["lam"] if lam is None else lam
@@ -75,9 +80,11 @@ def raw_advantages(case: Case, reward_index="last_real", use_next_mask=True, gam
     B, T = mask.shape
     advantages = torch.zeros(B, T, dtype=torch.float64)
     next_value, next_mask, next_advantage = (torch.zeros(B, dtype=torch.float64) for _ in range(3))
-    for t in reversed(range(T - 1 if skip_last else T)):  # skip_last: A_{T-1} stays 0
+    steps = range(T) if forward else reversed(range(T - 1 if skip_last else T))  # skip_last: A_{T-1} stays 0
+    for t in steps:
         keep = next_mask if use_next_mask else torch.ones_like(next_mask)
-        next_advantage = rewards[:, t] + gamma * next_value * keep - values[:, t] + gamma * lam * keep * next_advantage
+        decay = gamma * lam if trace_gamma else lam
+        next_advantage = rewards[:, t] + gamma * next_value * keep - values[:, t] + decay * keep * next_advantage
         advantages[:, t] = next_advantage
         next_value, next_mask = values[:, t], mask[:, t].double()
     return advantages
@@ -134,6 +141,10 @@ def _reward_to_go(case, ref, sub, ulps) -> list[str]:
     return common.outputs(scales, "returns")(case, closed, sub, ulps)
 
 
+FORWARD = ("your loop runs forward, t = 0, 1, ...: A_t is defined through A_{t+1}, which a forward loop has not "
+           "computed yet (it reads 0, or what it carried from t - 1). Run it backwards: for t in reversed(range(T))")
+
+
 def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     mask = case.mask
     raw = raw_advantages(case)
@@ -155,9 +166,13 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     for variant, message in (
         (dict(skip_last=True), "your loop never computes the last position t = T - 1 (A_{T-1} stays 0, and every "
                                "error starts at that index): loop over reversed(range(T))"),
+        (dict(forward=True), FORWARD),
+        (dict(lam=0.0), FORWARD),  # a forward loop that reads A[:, t + 1] before writing it: 0, as if lam = 0
         (dict(reward_index="end"), "final_rewards goes at each row's last real token (index L_b - 1), not at T - 1"),
         (dict(use_next_mask=False), "multiply V_{t+1} and A_{t+1} by the next position's mask m_{t+1}: values from padding leak into real tokens"),
         (dict(gamma=case.scalars["lam"], lam=case.scalars["gamma"]), "gamma and lam are swapped"),
+        (dict(trace_gamma=False), "the advantage trace decays by gamma * lam: A_t = delta_t + gamma * lam * m_{t+1} "
+                                  "* A_{t+1}"),
         (dict(kl_sign=1.0), "the token reward is -kl_penalties: the KL penalty lowers the reward"),
     ):
         wrong = raw_advantages(case, **variant)
@@ -182,6 +197,9 @@ CHECKS = (
     Check("td_errors", "with lam = 0, returns - values are the one-step TD errors", fixed(gae_case(lam_zero=True)), _td_errors),
     Check("reward_to_go", "with gamma = lam = 1 and V = 0, the returns are the reward-to-go",
           fixed(gae_case(reward_to_go=True)), _reward_to_go),
+    Check("edge_cases", "the contract's rule for what the trainer never sends (its responses hold at least one "
+          "token): a row with no real token gets no reward and changes no other row's advantages or returns",
+          fixed(gae_case(empty_rows=True)), all_of(_advantages, _returns)),
     Check("hidden_advantages", "the advantages on the hidden inputs", fixed(gae_case()), _advantages),
     Check("hidden_returns", "the returns on the hidden inputs", fixed(gae_case()), _returns),
 )

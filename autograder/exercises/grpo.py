@@ -20,6 +20,7 @@ Both scales are 0 on padding, where the contract asks for an exact 0.
 from __future__ import annotations
 
 import torch
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from assignment.contract import exercise
@@ -31,21 +32,28 @@ EXERCISE = exercise(6)
 
 
 @st.composite
-def grpo_case(draw, norm_by_std: bool | None = None, layout: str | None = None) -> Case:
-    """B responses in groups. ``layout`` "blocks": B = prompts x group_size in contiguous groups,
-    as the trainer lays them out; "scattered": arbitrary integer ids in any order (singletons
-    allowed). Rewards are binary-like (a grid, many ties) or continuous."""
-    layout = layout or draw(st.sampled_from(["blocks", "scattered"]))
+def grpo_case(draw, norm_by_std: bool | None = None, layout: str | None = None, edges: bool = False) -> Case:
+    """B responses in groups, every response at least one real token long. ``layout`` "blocks":
+    B = prompts x G in contiguous groups of one size G >= 2, as the trainer lays them out;
+    "scattered": groups of 2 to 4 under arbitrary integer ids, in any order. ``edges``: what the
+    contract rules on and no trainer produces: groups of one response and empty responses, beside
+    a group of two or more and at least two real tokens. Rewards are binary-like (a grid: ties,
+    whole groups equal) or continuous."""
+    layout = "scattered" if edges else layout or draw(st.sampled_from(["blocks", "scattered"]))
     if layout == "blocks":
-        prompts, size = draw(st.integers(1, 4)), draw(st.integers(1, 4))
+        prompts, size = draw(st.integers(1, 4)), draw(st.integers(2, 4))
         B = prompts * size
         ids = torch.arange(prompts).repeat_interleave(size) * draw(st.sampled_from([1, 7]))
     else:
-        B = draw(st.integers(1, 8))
-        ids = torch.tensor(draw(st.lists(st.integers(-3, 40), min_size=B, max_size=B)), dtype=torch.int64)
+        sizes = draw(st.lists(st.integers(1 if edges else 2, 4), min_size=2 if edges else 1, max_size=4))
+        assume(not edges or (min(sizes) == 1 and max(sizes) >= 2))
+        names = draw(st.lists(st.integers(-3, 40), min_size=len(sizes), max_size=len(sizes), unique=True))
+        order = draw(st.permutations([name for name, size in zip(names, sizes) for _ in range(size)]))
+        B, ids = len(order), torch.tensor(order, dtype=torch.int64)
     T = draw(st.integers(1, 6))
-    lengths = torch.tensor(draw(st.lists(st.integers(0, T), min_size=B, max_size=B)))
-    mask = torch.arange(T)[None, :] < lengths[:, None]
+    lengths = draw(st.lists(st.integers(0 if edges else 1, T), min_size=B, max_size=B))
+    assume(sum(lengths) >= 2)
+    mask = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
     dtype = draw(st.sampled_from(DTYPES))
     if draw(st.booleans()):
         rewards = grid(draw, (B,), 0, 2, 2)  # 0, 0.5, 1: exact in float32, ties everywhere
@@ -148,17 +156,21 @@ SINGLETON = ("a group of one response gives NaN: torch.std of a single value div
 
 
 def hint(evidence, ulps) -> str | None:
-    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
-    singleton_only = False  # non-finite advantages, and only ever in groups of one response
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest).
+    SINGLETON needs non-finite advantages only ever in groups of one, on a case that also holds a
+    larger group: there a std over the whole batch is finite, so the NaN is the group of one's (a
+    batch of one response is a group of one for both mistakes, and tells nothing)."""
+    singleton = False
     for case, sub, _ in evidence:
         if sub is None:
             continue
         broken = ~torch.isfinite(sub.outputs["advantages"]).all(dim=-1) & case.mask.any(dim=-1)  # (B,)
         if bool(broken.any()):
-            if not bool((group_stats(case)[2][broken] == 1).all()):
+            size = group_stats(case)[2]
+            if not bool((size[broken] == 1).all()):
                 return common.suggest(patterns, scales, evidence, ulps)  # NaN elsewhere: not this mistake
-            singleton_only = True
-    return SINGLETON if singleton_only else common.suggest(patterns, scales, evidence, ulps)
+            singleton |= bool((size > 1).any())
+    return SINGLETON if singleton else common.suggest(patterns, scales, evidence, ulps)
 
 
 _no_grad = common.no_gradient("advantages")
@@ -166,10 +178,13 @@ _values = all_of(common.outputs(scales, "advantages"), _zero_padding, _no_grad)
 
 CHECKS = (
     Check("grpo", "GRPO (norm_by_std=True): (r - group mean) / (group std + eps) on real tokens, 0 on padding, "
-          "no gradient", fixed(grpo_case(norm_by_std=True)), _values),
-    Check("dr_grpo", "Dr. GRPO (norm_by_std=False): r - group mean on real tokens, 0 on padding, no gradient",
-          fixed(grpo_case(norm_by_std=False)), _values),
-    Check("trainer_layout", "contiguous groups of equal size, as the trainer samples them",
+          "no gradient; groups of 2 to 4 in any order", fixed(grpo_case(norm_by_std=True)), _values),
+    Check("dr_grpo", "Dr. GRPO (norm_by_std=False): r - group mean on real tokens, 0 on padding, no gradient; "
+          "groups of 2 to 4 in any order", fixed(grpo_case(norm_by_std=False)), _values),
+    Check("trainer_layout", "contiguous groups of one size (2 to 4), as the trainer samples them, GRPO or Dr. GRPO",
           fixed(grpo_case(layout="blocks")), _values),
-    Check("hidden_advantages", "the advantages on the hidden inputs", fixed(grpo_case()), _values),
+    Check("edge_cases", "the contract's rules for what the trainer never sends (its groups hold 2 or more "
+          "responses of at least one token): a group of one gets 0, an empty response counts in its group",
+          fixed(grpo_case(edges=True)), _values),
+    Check("hidden_advantages", "the advantages on the hidden inputs (groups of 2 or more)", fixed(grpo_case()), _values),
 )

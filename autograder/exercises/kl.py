@@ -15,7 +15,7 @@ x by at most u a):
                                  1 - e^x: e^x perturbed relatively by x's error and by exp's
                                  rounding, then one subtraction
 Padded positions must be exactly 0 (output and gradient). Inputs stay in [-20, 5], padding junk
-too, so e^x stays finite in float32 even where it is computed on junk.
+too, so e^x stays finite in float32 even where it is computed on junk (x <= 20 + 5: e^25).
 """
 
 from __future__ import annotations
@@ -31,8 +31,13 @@ from . import Check, all_of, common, fixed
 EXERCISE = exercise(8)
 
 
+UNKNOWN_ESTIMATORS = ("k0", "k4", "kl", "low_var_kl", "mse", "K3")  # verl's names, near misses
+
+
 @st.composite
-def kl_case(draw, estimators=KL_ESTIMATORS, spread: float = 2.0) -> Case:
+def kl_case(draw, estimators=KL_ESTIMATORS, spread: float = 6.0) -> Case:
+    """Log-ratios x in [-spread, spread] around log-probs in [-12, 0]: k3 passes verl's clamp at 10
+    from x > 2.6 on, so every check meets the tokens where a clamp would change k3 or its gradient."""
     mask = draw(padding(max_b=5, max_t=8))
     B, T = mask.shape
     dtype = draw(st.sampled_from(DTYPES))
@@ -42,6 +47,13 @@ def kl_case(draw, estimators=KL_ESTIMATORS, spread: float = 2.0) -> Case:
                          "ref_logprobs": junk(draw, ref.to(dtype), mask, -20.0, 5.0),
                          "response_mask": mask_as(draw, mask, dtype)},
                 scalars={"kl_estimator": draw(st.sampled_from(estimators))})
+
+
+@st.composite
+def unknown_estimator(draw) -> Case:
+    case, name = draw(kl_case()), draw(st.sampled_from(UNKNOWN_ESTIMATORS))
+    return Case(case.tensors, {"kl_estimator": name}, {"why": f"kl_estimator {name!r} is none of k1, k2 and k3"},
+                raises="ValueError")
 
 
 def estimate(case: Case, estimator: str | None = None, flip: bool = False) -> torch.Tensor:
@@ -90,6 +102,8 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
                                           "way up it estimates KL(pi_ref || pi) instead"),
         ("kl", -estimate(case), "k3 = r - 1 - log r is never negative: check its sign"),
         ("kl", estimate(case) + 1, "k3 = r - 1 - log r: subtract the 1"),
+        ("kl", estimate(case).clamp(-10.0, 10.0), "the contract's k3 has no clamp: verl clamps it to [-10, 10], which "
+                                                  "changes k3 and zeroes its gradient wherever k3 > 10"),
     ]
 
 
@@ -105,8 +119,11 @@ CHECKS = (
     Check("k1", "k1 = logprobs - ref_logprobs on real tokens, 0 on padding", fixed(kl_case(estimators=("k1",))), _values),
     Check("k2", "k2 = 0.5 * (ref_logprobs - logprobs)**2 on real tokens, 0 on padding",
           fixed(kl_case(estimators=("k2",))), _values),
-    Check("k3", "k3 = exp(ref_logprobs - logprobs) - 1 - (ref_logprobs - logprobs), 0 on padding",
-          fixed(kl_case(estimators=("k3",), spread=6.0)), _values),
-    Check("gradient", "the gradient of sum(kl) w.r.t. logprobs, every estimator, 0 on padding", fixed(kl_case()), _gradient),
-    Check("hidden_kl", "the estimates on the hidden inputs, every estimator", fixed(kl_case(spread=6.0)), _values),
+    Check("k3", "k3 = exp(ref_logprobs - logprobs) - 1 - (ref_logprobs - logprobs), 0 on padding, no clamp",
+          fixed(kl_case(estimators=("k3",))), _values),
+    Check("gradient", "the gradient of sum(kl) w.r.t. logprobs, every estimator, 0 on padding; on the inputs of the "
+          "three checks above", fixed(kl_case()), _gradient),
+    Check("edge_cases", "an unknown estimator raises ValueError (the trainer asks for k3 only)",
+          fixed(unknown_estimator()), _values),
+    Check("hidden_kl", "the estimates on the hidden inputs, every estimator", fixed(kl_case()), _values),
 )

@@ -106,6 +106,7 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
         ("loss", masked_mean(torch.minimum(un, cl), mask),
          "you take the minimum of the two terms; PPO's loss takes the maximum (the pessimistic bound)"),
         ("loss", torch.maximum(un, cl).mean(), "the mean includes padded positions: use masked_mean(x, response_mask)"),
+        ("loss", torch.where(mask, torch.maximum(un, cl), 0.0).mean(), common.ALL_POSITIONS),
         ("loss", row_means, "you average per-row means; the token-mean divides the sum over all real tokens by their number"),
         ("loss", masked_mean(un, mask), "your loss ignores the clipped term"),
         ("loss", masked_mean(torch.maximum(un, -adv * torch.exp((new - old).clamp(-eps, eps))), mask),
@@ -116,6 +117,9 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
          "clip_frac counts tokens where the clipped term is active ([-A*clamp(ratio) > -A*ratio]), "
          "not every ratio outside [1 - eps, 1 + eps]"),
         ("clip_frac", masked_mean((cl >= un).double(), mask), "use a strict > in clip_frac: where both terms are equal, nothing is clipped"),
+        ("clip_frac", masked_mean((un > cl).double(), mask), "clip_frac counts tokens where the clipped term is the "
+                                                              "larger one, [-A*clamp(ratio) > -A*ratio]; yours counts "
+                                                              "those where the unclipped one is"),
         ("approx_kl", masked_mean(new - old, mask), "approx_kl is token-mean(logprobs_old - logprobs_new); yours is the mean log-ratio, of the opposite sign"),
         ("approx_kl", masked_mean((r - 1) - torch.log(r), mask), "approx_kl is the k1 estimator, not k3"),
         ("approx_kl", (old - new).mean(), "approx_kl includes padded positions: use masked_mean"),

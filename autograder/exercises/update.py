@@ -1,10 +1,11 @@
 """Exercise 5, ppo_minibatch_update: scenarios, error scales, checks, hints and the oracle.
 
 A case is a scenario of minibatch calls on a tiny float64 Llama with a value head: one
-accumulating call ("single"), two accumulation cycles of two minibatches ("steps"), one call at
-an unchanged policy ("unit_ratio") or one stepping call whose advantages are infinite
-("nonfinite"). The submission's exercises 1-3 are replaced by the reference's (the oracle):
-exercise 5 is graded on its own, and a bug in 1-3 is not charged twice.
+accumulating call ("single"; "gradients" where its gradients are compared), two accumulation
+cycles of two minibatches ("steps"), one call at an unchanged policy ("unit_ratio") or one
+stepping call whose advantages are infinite ("nonfinite"). The submission's exercises 1-3 are
+replaced by the reference's (the oracle): exercise 5 is graded on its own, and a bug in 1-3 is
+not charged twice.
 
 Error scales (see compare.py). A correct submission may compute the response log-probs in
 float32 (``log_softmax(logits.float())``). For a real token t with sliced, tempered logits z,
@@ -23,10 +24,51 @@ the submission passes them, and round their result to its dtype. Over the n real
                     within 1e-5 of 1 +- eps, or whose new value lies within the clip range (where
                     the contract's two squared errors are mathematically equal, so rounding
                     alone decides its strict >), may go either way
-    grad_norm, gradients, parameters    K n max|x| for each tensor x (over its elements), with
-                    K the largest K_t: a gradient is a sum over n tokens of terms no larger than
-                    its largest element (an assumption: no worse cancellation than that); after
-                    optimizer steps, the change of the parameters takes the place of x
+    gradients       per element j of every parameter (magnitudes()): a correct submission's
+                    gradient differs from the reference's only where its own arithmetic changes
+                    what flows back into the model. Per real token t (response token y_t, softmax
+                    p of z), the gradient w.r.t. z errs by at most u E_z[t, v], w.r.t. the value
+                    by at most u E_v[t], both over grad_accum_steps (E_z over the temperature too):
+                        E_z = (2 K_t + 5) |w_t| ([v = y_t] + p_v) + c_ent E_H[t, v]
+                        E_v = c_vf E_V[t]
+                    w_t = d loss/policy / d logprob_t (the reference's): log_softmax's backward is
+                    w (onehot - p); w errs relatively by u (K_t + 1) (the log-prob's error moves
+                    the ratio; the oracle's answer is cast to the log-prob's dtype), p = exp(log
+                    softmax) by u (K_t + 1) as well, and the product and the difference round
+                    once each. E_H and E_V are exercises 3's and 2's error scales of their
+                    gradients (entropy.py, value.py: logits or values cast to float32). The model
+                    is float64 throughout (autograder/worker/model.py) and runs the same backward
+                    on both sides, linear in these perturbations, so to first order
+                        S_j = sum over tokens t, hidden units k of E_h[t, k] |d h[t, k] / d theta_j|
+                        E_h[t, k] = sum_v E_z[t, v] |W_lm[v, k]| + E_v[t] |W_value[k]|
+                    for the body (h: the last hidden state both heads read; |d h / d theta| is its
+                    Jacobian, one backward per token and unit) and the heads' own sums for the
+                    heads: lm_head[v, k] sum_t E_z[t, v] |h[t, k]|, the value head's weight[k]
+                    sum_t E_v[t] |h[t, k]| and bias sum_t E_v[t]. Every term is a magnitude: S does
+                    not shrink where the gradient itself cancels. The float64 backward rounds too,
+                    u_64 = 2^-29 u of the magnitudes it meets, the same operations on slightly other
+                    numbers on either side: S adds 2^-29 of the sum of S over all parameters.
+    grad_norm       of a step on gradient G (norm g; S_G the sum of S over the step's calls):
+                    ||S_G|| + g. The norm's error is sum_j |G_j| u S_G[j] / g <= u ||S_G||
+                    (Cauchy-Schwarz), and float() rounds g once.
+    parameters      after the steps: the sum over steps of lr c S_G + |change| ||S_G|| / g
+                    + 2^-29 |theta|. SGD moves theta by lr c G with c = min(1, max_grad_norm /
+                    (g + 1e-6)), clip_grad_norm_'s coefficient, whose relative error is at most
+                    g's; the float64 update rounds once. The second cycle runs at parameters
+                    already off by the first step's error (its gradient moves by lr times the
+                    Hessian times that error): ulps 4 in grading.yaml, a second copy of the bound.
+
+Why not the former bound, K n max|x| per tensor x (K the largest K_t, n the most real tokens):
+it was proportional to the size of the result, which can cancel. Where every query of a case
+attends to itself alone (one-token prompts and responses), the attention's q and k projections
+get an exact 0 computed as a difference of equal terms: max|x| is rounding noise, and the bound
+with it, while the two sides' noise differs by as much again (measured in process for
+tests/submissions/correct_float32_internals.py on 400 drawn cases: 8 beyond that bound, by up
+to 1.4e5 times). And transformers' LlamaRMSNorm computes in float32 even in a float64 model, so every
+gradient crossing a norm was rounded to float32 on both sides, differently: a difference no part
+of the submission made and no scale counted. Which examples meet such a case depends on the
+seed and which of these roundings tip depends on the CPU's vector unit: so a seed could cost
+correct float32 code a point on one machine and not on another.
 """
 
 from __future__ import annotations
@@ -64,15 +106,15 @@ CFG_CHOICES = {
 VALUE_HEAD_SEED = 1
 # The modules of the project that grading_model imports (with transformers, seconds): a grading
 # imports them before Hypothesis draws anything, so their literals are in its pool (replay.py).
-MODEL_MODULES = ("assignment.model",)
+MODEL_MODULES = ("assignment.model", "autograder.worker.model")
 
 
 def grading_model() -> torch.nn.Module:
     """The tiny float64 policy exercise 5 is graded on; its value head is random (not zero, as
     the trainer's starts) so that the value loss reaches the shared body."""
-    from assignment.model import PolicyWithValueHead, tiny_llama
+    from ..worker.model import build
 
-    model = PolicyWithValueHead(tiny_llama(**MODEL)).to(torch.float64)
+    model = build(MODEL, "float64")
     g = torch.Generator().manual_seed(VALUE_HEAD_SEED)
     with torch.no_grad():
         model.value_head.weight.copy_(torch.randn(model.value_head.weight.shape, generator=g, dtype=torch.float64))
@@ -109,6 +151,8 @@ class UpdateCase:
                "from assignment.exercises import ppo_minibatch_update",
                "from assignment.model import PolicyWithValueHead, tiny_llama", "",
                f"model = PolicyWithValueHead(tiny_llama({', '.join(f'{k}={v}' for k, v in MODEL.items())})).double()",
+               "# (the grader computes the model's RMSNorms in float64, where transformers rounds them to float32:",
+               "# your numbers may differ from the grader's in their last few digits, never by a mistake's amount)",
                "with torch.no_grad():  # the grader's value head is random, not zero",
                f"    g = torch.Generator().manual_seed({VALUE_HEAD_SEED})",
                "    model.value_head.weight.copy_(torch.randn(model.value_head.weight.shape, generator=g, dtype=torch.float64))",
@@ -180,6 +224,9 @@ class Updated:
     final_grads: dict[str, torch.Tensor]     # .grad after the last call (absent: None)
     seen: list[dict] | None = None           # the reference only: per call, what exercises 1-3 received
     answers: list[dict] | None = None        # the reference only: per call, the oracle's answer to exactly ``seen``
+    scales: dict[str, torch.Tensor] | None = None  # the reference only ("gradients", "steps"): error scales,
+                                                   # "grad.NAME", "param.NAME" (each its parameter's shape),
+                                                   # "grad_norm.I" (call I's, a scalar): see magnitudes()
 
 
 _SCRATCH: dict[int, torch.nn.Module] = {}
@@ -201,6 +248,7 @@ class _Recording:
 
     def __init__(self):
         self.calls: list[dict] = []
+        self.paused = False  # while the grader computes error scales with the same functions
 
     def __enter__(self):
         self.saved = {n: getattr(reference, n) for n in ("compute_policy_loss", "compute_value_loss",
@@ -213,6 +261,8 @@ class _Recording:
         signature = inspect.signature(fn)
 
         def wrapped(*args, **kwargs):
+            if self.paused:
+                return fn(*args, **kwargs)
             if name == "compute_policy_loss":
                 self.calls.append({})
             bound_args = signature.bind(*args, **kwargs).arguments
@@ -225,29 +275,125 @@ class _Recording:
             setattr(reference, name, fn)
 
 
-def run_reference(model: torch.nn.Module, case: UpdateCase, mistake: str | None = None, answers: bool = False) -> Updated:
+def run_reference(model: torch.nn.Module, case: UpdateCase, mistake: str | None = None, answers: bool = False,
+                  scales: bool = True) -> Updated:
     """The reference scenario on a scratch copy of ``model``. ``mistake`` reproduces a known
     update-order bug around the reference (for hints): "zero_grad_first" or "never_zero_grad".
     ``answers``: also the oracle's answers to the requests a submission that computes exactly as
-    the reference does will make (one per call of exercises 1-3: see oracle_for)."""
+    the reference does will make (one per call of exercises 1-3: see oracle_for). ``scales``: also
+    the error scales of the gradients and parameters ("gradients" and "steps" scenarios)."""
     model = _scratch(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     if mistake == "never_zero_grad":
         optimizer.zero_grad = lambda *a, **k: None
     metrics, grads = [], {}
+    cfg = SimpleNamespace(**case.cfg)
+    scales = {} if scales and case.scenario in SCALED else None
+    cycle: dict[str, torch.Tensor] = {}  # the magnitudes of the accumulation cycle so far
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with _Recording() as seen:
-        for call in case.calls:
+        for i, call in enumerate(case.calls):
             mb = dict(case.minibatches[call["minibatch"]], prompt_length=case.prompt_lengths[call["minibatch"]])
+            if scales is not None:
+                seen.paused = True
+                for n, m in magnitudes(model, mb, cfg).items():
+                    cycle[n] = cycle[n] + m if n in cycle else m
+                seen.paused = False
             if mistake == "zero_grad_first":
                 model.zero_grad()
-            metrics.append(reference.ppo_minibatch_update(model, optimizer, mb, SimpleNamespace(**case.cfg),
-                                                          call["step_optimizer"]))
+            metrics.append(reference.ppo_minibatch_update(model, optimizer, mb, cfg, call["step_optimizer"]))
             if call["record_grads"]:
                 grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+                if scales is not None:
+                    scales.update({f"grad.{n}": m for n, m in cycle.items()})
+            if call["step_optimizer"] and scales is not None:
+                _step_scales(scales, i, cycle, metrics[-1], before, model, cfg)
+                cycle, before = {}, {n: p.detach().clone() for n, p in model.named_parameters()}
     params = {n: p.detach().clone() for n, p in model.named_parameters()}
     final = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     answered = [{name: _answer(name, args) for name, args in call.items()} for call in seen.calls] if answers else None
-    return Updated(metrics, grads, params, final, seen.calls, answered)
+    return Updated(metrics, grads, params, final, seen.calls, answered, scales)
+
+
+# ---- error scales of the gradients and parameters ---------------------------------------------------
+
+SCALED = ("gradients", "steps")  # the scenarios whose checks compare gradients or parameters
+# The float64 model's own backward rounds too: each rounding is u64 = 2^-53 of a magnitude the
+# backward meets, in units of the float32 u of the scales, 2^-29 of it.
+FLOAT64_OVER_FLOAT32 = 2.0 ** -29
+
+
+def _exercise_inputs(mb: dict, P: int, logits: torch.Tensor, values: torch.Tensor, cfg) -> dict:
+    """The float64 response slice of ``logits`` (B, L, V) and ``values`` (B, L), tempered, and what
+    exercises 1-3 receive from it: z (B, T, V), logprobs_new and values_new (B, T)."""
+    T = mb["response_mask"].shape[1]
+    z = logits[:, P - 1:P + T - 1] / cfg.temperature
+    return {"z": z, "logprobs_new": logprobs_from_logits(z, mb["response_ids"]), "values_new": values[:, P - 1:P + T - 1]}
+
+
+def magnitudes(model: torch.nn.Module, mb: dict, cfg) -> dict[str, torch.Tensor]:
+    """Per parameter (its shape, float64): the error scale S of one call's gradient (module
+    docstring), at ``model``'s present weights. Leaves ``model`` and its .grad as they are."""
+    from assignment.model import position_ids_from_mask
+
+    from .entropy import scales as entropy_scales
+    from .value import scales as value_scales
+
+    P, mask, ids = mb["prompt_length"], mb["response_mask"].bool(), mb["response_ids"].long()
+    out = model.lm(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], use_cache=False,
+                   position_ids=position_ids_from_mask(mb["attention_mask"]), output_hidden_states=True)
+    hidden = out.hidden_states[-1]  # (B, L, H): what both heads read
+    T, H = mask.shape[1], hidden.shape[-1]
+    with torch.no_grad():
+        x = _exercise_inputs(mb, P, out.logits, model.value_head(hidden).squeeze(-1), cfg)
+        z, V = x["z"], out.logits.shape[-1]
+        args = {"logprobs_new": x["logprobs_new"], "logprobs_old": mb["logprobs_old"], "advantages": mb["advantages"],
+                "response_mask": mask, "clip_ratio": cfg.clip_ratio}
+        with torch.enable_grad():  # |w|: the reference's |d policy loss / d logprobs_new|, (B, T)
+            w = _answer("compute_policy_loss", args)[1]["grad"].abs()
+        K = 2 * z.abs().amax(-1).clamp(min=1.0) + V + 2 * math.log(V) + 8  # (B, T)
+        picked = torch.nn.functional.one_hot(ids, V).double()  # (B, T, V)
+        at_logits = ((2 * K + 5)[..., None] * w[..., None] * (picked + torch.softmax(z, -1))
+                     + cfg.entropy_coeff * entropy_scales(Case({"logits": z, "response_mask": mask}))["grad"])
+        at_logits = at_logits * mask[..., None] / (cfg.temperature * cfg.grad_accum_steps)  # E_z: (B, T, V)
+        value_case = Case({"values_new": x["values_new"], "values_old": mb["values_old"], "returns": mb["returns"],
+                           "response_mask": mask}, {"clip_range_value": cfg.clip_range_value})
+        at_value = cfg.vf_coeff * value_scales(value_case)["grad"] * mask / cfg.grad_accum_steps  # E_v: (B, T)
+        h = hidden[:, P - 1:P + T - 1].abs()  # (B, T, H)
+        scales = {"lm.lm_head.weight": torch.einsum("btv,bth->vh", at_logits, h),
+                  "value_head.weight": torch.einsum("bt,bth->h", at_value, h)[None],
+                  "value_head.bias": at_value.sum()[None]}
+        at_hidden = at_logits @ model.lm.lm_head.weight.abs() + at_value[..., None] * model.value_head.weight.abs()
+        # the Jacobian of the hidden states of the real tokens: row (i, k) seeds d h[token i, unit k]
+        b, t = mask.nonzero().unbind(1)
+        rows = torch.arange(len(b) * H)
+        seeds = torch.zeros((len(rows), *hidden.shape), dtype=hidden.dtype)
+        seeds[rows, b.repeat_interleave(H), (P - 1 + t).repeat_interleave(H), torch.arange(H).repeat(len(b))] = 1.0
+    body = {n: p for n, p in model.named_parameters() if n not in scales}
+    jacobian = torch.autograd.grad(hidden, list(body.values()), seeds, is_grads_batched=True, allow_unused=True)
+    weight = at_hidden[b, t].reshape(-1)  # E_h of row (i, k)
+    for (name, p), j in zip(body.items(), jacobian):
+        scales[name] = torch.zeros_like(p.detach()) if j is None else torch.einsum("r,r...->...", weight, j.abs())
+    floor = FLOAT64_OVER_FLOAT32 * sum(float(m.sum()) for m in scales.values())
+    return {name: (m + floor).contiguous() for name, m in scales.items()}
+
+
+def _step_scales(scales: dict, i: int, cycle: dict[str, torch.Tensor], metrics: dict, before: dict,
+                 model: torch.nn.Module, cfg) -> None:
+    """Call ``i`` stepped on the gradient G whose magnitudes are ``cycle``: add the error scales of
+    its grad_norm and of the parameters' change to ``scales`` (module docstring)."""
+    grad_norm = metrics["stats/grad_norm"]
+    if not math.isfinite(grad_norm):  # no step was taken
+        return
+    norm = math.sqrt(sum(float((m ** 2).sum()) for m in cycle.values()))  # ||S||
+    scales[f"grad_norm.{i}"] = torch.tensor(norm + grad_norm, dtype=torch.float64)
+    coefficient = min(1.0, cfg.max_grad_norm / (grad_norm + 1e-6))  # clip_grad_norm_'s
+    relative = norm / grad_norm if grad_norm > 0 else 0.0  # the coefficient's relative error, over u
+    for n, p in model.named_parameters():
+        step = LR * coefficient * cycle[n] + (p.detach() - before[n]).abs() * relative \
+            + FLOAT64_OVER_FLOAT32 * p.detach().abs()
+        key = f"param.{n}"
+        scales[key] = scales[key] + step if key in scales else step
 
 
 # ---- the submission, through the worker ------------------------------------------------------------
@@ -413,8 +559,8 @@ def _metrics(case: UpdateCase, ref: Updated, sub: Updated, ulps: float) -> list[
                                + cfg["entropy_coeff"] * scale["loss/entropy"]
                                + 4 * (abs(want["loss/policy"]) + cfg["vf_coeff"] * abs(want["loss/value"])
                                       + cfg["entropy_coeff"] * abs(want["loss/entropy"])))
-        if "stats/grad_norm" in want:
-            scale["stats/grad_norm"] = float(sc["K"].max() * sc["n"]) * abs(want["stats/grad_norm"])
+        if ref.scales is not None and f"grad_norm.{i}" in ref.scales:
+            scale["stats/grad_norm"] = ref.scales[f"grad_norm.{i}"]
         for key in want:
             label = f"call {i}: {key}"
             if key.endswith("clipfrac"):
@@ -429,12 +575,6 @@ def _metrics(case: UpdateCase, ref: Updated, sub: Updated, ulps: float) -> list[
                 problems += compare(label, torch.tensor(got[key], dtype=torch.float64),
                                     torch.tensor(want[key], dtype=torch.float64), bound(ulps, scale[key]))
     return problems
-
-
-def _kn(ref: Updated) -> float:
-    """K n: the largest K_t of any call times the most real tokens of any call."""
-    scales = [_call_scales(seen) for seen in ref.seen]
-    return max(float(s["K"].max()) for s in scales) * max(float(s["n"]) for s in scales)
 
 
 def _tensors(label: str, want: dict[str, torch.Tensor], got: dict[str, torch.Tensor], scale: dict[str, float],
@@ -453,8 +593,7 @@ def _tensors(label: str, want: dict[str, torch.Tensor], got: dict[str, torch.Ten
 
 
 def _gradients(case: UpdateCase, ref: Updated, sub: Updated, ulps: float) -> list[str]:
-    kn = _kn(ref)
-    return _tensors("gradient of", ref.grads, sub.grads, {k: kn * float(g.abs().max()) for k, g in ref.grads.items()}, ulps)
+    return _tensors("gradient of", ref.grads, sub.grads, {n: ref.scales[f"grad.{n}"] for n in ref.grads}, ulps)
 
 
 def _zeroed(sub: Updated) -> list[str]:
@@ -463,9 +602,8 @@ def _zeroed(sub: Updated) -> list[str]:
 
 
 def _steps(case: UpdateCase, ref: Updated, sub: Updated, ulps: float) -> list[str]:
-    kn = _kn(ref)
-    moved = {k: kn * float((p - case.initial[k].detach()).abs().max()) for k, p in ref.params.items()}
-    return _metrics(case, ref, sub, ulps) + _tensors("parameter", ref.params, sub.params, moved, ulps) + _zeroed(sub)
+    scale = {n: ref.scales[f"param.{n}"] for n in ref.params}
+    return _metrics(case, ref, sub, ulps) + _tensors("parameter", ref.params, sub.params, scale, ulps) + _zeroed(sub)
 
 
 def _unit_ratio(case: UpdateCase, ref: Updated, sub: Updated, ulps: float) -> list[str]:
@@ -512,9 +650,11 @@ HINTS = [
 ]
 
 
-def hint(case: UpdateCase, sub: Updated | None, model: torch.nn.Module, compare_fn, ulps: float) -> str | None:
-    """Rerun the reference with one known mistake; if it reproduces the submission, name it."""
-    if sub is None:
+def hint(case: UpdateCase, sub: Updated | None, model: torch.nn.Module, compare_fn, ulps: float,
+         reference: Updated | None = None) -> str | None:
+    """Rerun the reference with one known mistake; if it reproduces the submission, name it. The
+    comparison takes its error scales from ``reference``, the reference's own run of the case."""
+    if sub is None or (case.scenario in SCALED and (reference is None or reference.scales is None)):
         return None
     for changes, mistake, message in HINTS:
         if any(k in case.cfg and case.cfg[k] == v for k, v in changes.items()):
@@ -525,9 +665,10 @@ def hint(case: UpdateCase, sub: Updated | None, model: torch.nn.Module, compare_
             variant.prompt_lengths = [p + changes["prompt_shift"] for p in variant.prompt_lengths]
         variant.cfg.update({k: v for k, v in changes.items() if k != "prompt_shift"})
         try:
-            wrong = run_reference(model, variant, mistake)
+            wrong = run_reference(model, variant, mistake, scales=False)
         except Exception:  # e.g. the shifted slice runs past the sequence
             continue
+        wrong.scales = reference.scales if reference is not None else None
         if not compare_fn(case, wrong, sub, ulps):
             return message
     return None
@@ -541,7 +682,7 @@ CHECKS = (
     Check("metrics", "the returned metrics equal the reference (slice [P-1:P+T-1], temperature, loss sum)",
           _context("single"), _metrics),
     Check("gradients", "after one accumulating call, every parameter's gradient equals the reference's",
-          _context("single"), _gradients),
+          _context("gradients"), _gradients),
     Check("optimizer_steps", "two accumulation cycles: metrics, grad_norm, parameters and zeroed grads match",
           _context("steps"), _steps),
     Check("unit_ratio", "at an unchanged policy the ratio is 1: approx_kl = clipfrac = 0, loss/policy = -mean(A)",
@@ -549,6 +690,6 @@ CHECKS = (
     Check("nonfinite_skip", "a non-finite gradient norm skips optimizer.step() but still zeroes the gradients",
           _context("nonfinite"), _nonfinite),
     Check("hidden_metrics", "the metrics on the hidden inputs", _context("single"), _metrics),
-    Check("hidden_gradients", "the gradients on the hidden inputs", _context("single"), _gradients),
+    Check("hidden_gradients", "the gradients on the hidden inputs", _context("gradients"), _gradients),
     Check("hidden_steps", "two accumulation cycles on the hidden inputs", _context("steps"), _steps),
 )

@@ -70,6 +70,7 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
         ("loss", 0.5 * masked_mean(torch.minimum(e_un, e_cl), mask), "take the maximum of the two squared errors, not the minimum"),
         ("loss", 0.5 * masked_mean(e_un, mask), "your value loss ignores the clipped term"),
         ("loss", 0.5 * per_token.mean(), "the mean includes padded positions: use masked_mean"),
+        ("loss", 0.5 * torch.where(mask, per_token, 0.0).mean(), common.ALL_POSITIONS),
         ("loss", 0.5 * row_means, "you average per-row means; the token-mean divides the sum over all real tokens by their number"),
         ("loss", 0.5 * masked_mean(torch.maximum(e_un, (new - (old + (ret - old).clamp(-c, c))) ** 2), mask),
          "you clip the returns around values_old; clip the value instead: "

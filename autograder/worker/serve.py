@@ -49,7 +49,8 @@ def _error_reply(err: BaseException, path: str) -> dict:
     # torch reports a failed allocation (here: the worker's address-space cap) as RuntimeError
     if isinstance(err, MemoryError) or "can't allocate memory" in str(err) or "out of memory" in str(err):
         kind = "MemoryError"
-    return {"op": "error", "type": kind, "message": str(err)[:2000], "where": where}
+    return {"op": "error", "type": kind, "bases": [c.__name__ for c in type(err).__mro__],
+            "message": str(err)[:2000], "where": where}
 
 
 def _describe(obj, name: str, tensors: dict) -> dict:
@@ -151,13 +152,13 @@ _MODELS: dict[str, torch.nn.Module] = {}
 
 def _update(module: ModuleType, header: dict, tensors: dict, oracle: _Oracle) -> tuple[dict, dict]:
     """Run exercise 5 over a sequence of minibatches on a tiny model; report metrics, grads, params."""
-    from assignment.model import PolicyWithValueHead, tiny_llama  # transformers: only when needed
+    from .model import build
 
     for name in ("compute_policy_loss", "compute_value_loss", "compute_entropy_loss"):
         setattr(module, name, getattr(oracle, name))
     key = repr((header["model"], header["dtype"]))
     if key not in _MODELS:  # build once per worker; every request loads its own weights below
-        _MODELS[key] = PolicyWithValueHead(tiny_llama(**header["model"])).to(getattr(torch, header["dtype"]))
+        _MODELS[key] = build(header["model"], header["dtype"])
     model = _MODELS[key]
     model.zero_grad(set_to_none=True)
     model.load_state_dict({k.removeprefix("param."): v for k, v in tensors.items() if k.startswith("param.")})

@@ -52,9 +52,20 @@ def test_grpo_advantages_hand_computed(impl):
 
 @pytest.mark.ex6
 def test_dr_grpo_advantages_drop_the_std(impl):
-    adv = attempt(impl, "compute_grpo_advantages", REWARDS, GROUPS, MASK6, False, 1e-6)
-    assert adv[:2, 0].tolist() == [near(1 / 3, scale=1), near(-2 / 3, scale=1)], "Dr. GRPO: r - group mean alone"
+    adv = attempt(impl, "compute_grpo_advantages", REWARDS, GROUPS, MASK6, False, 0.5)
+    assert adv[:2, 0].tolist() == [near(1 / 3, scale=1), near(-2 / 3, scale=1)], \
+        "Dr. GRPO: r - group mean alone (eps plays no part)"
     assert adv[3].tolist() == [0.0, 0.0] and adv[~MASK6].abs().max().item() == 0.0
+
+
+@pytest.mark.ex6
+def test_grpo_adds_eps_to_the_std_not_to_the_variance(impl):
+    eps = 0.5  # large, so that (r - mean) / (std + eps) and (r - mean) / sqrt(var + eps) differ plainly
+    adv = attempt(impl, "compute_grpo_advantages", torch.tensor([1.0, 0.0], dtype=torch.float64), torch.tensor([4, 4]),
+                  torch.ones(2, 1, dtype=torch.bool), True, eps)
+    std = math.sqrt(0.5)  # of [1, 0], with n - 1
+    assert adv[:, 0].tolist() == [near(0.5 / (std + eps), scale=2), near(-0.5 / (std + eps), scale=2)], \
+        "(r - group mean) / (group std + eps): eps goes outside the square root"
 
 
 @pytest.mark.ex6
@@ -112,6 +123,18 @@ def test_kl_estimators_hand_computed(impl, estimator, per_token):
     kl[MASK].sum().backward()
     assert logprobs.grad is not None and torch.isfinite(logprobs.grad).all(), "a finite gradient reaches logprobs"
     assert logprobs.grad[~MASK].abs().max().item() == 0.0, "no gradient through padding"
+
+
+@pytest.mark.ex8
+def test_k3_has_no_clamp(impl):
+    # log_r = ref_logprobs - logprobs = 4: k3 = e^4 - 5 = 49.6, past verl's clamp at 10
+    logprobs = torch.tensor([[-5.0, -1.0]], dtype=torch.float64, requires_grad=True)
+    ref, mask = torch.tensor([[-1.0, -1.0]], dtype=torch.float64), torch.tensor([[True, False]])
+    kl = attempt(impl, "compute_kl", logprobs, ref, mask, "k3")
+    assert kl[0, 0].item() == near(math.exp(4) - 5, scale=60), "k3 = exp(log_r) - 1 - log_r, with no clamp"
+    kl[mask].sum().backward()
+    assert logprobs.grad[0, 0].item() == near(1 - math.exp(4), scale=60), \
+        "d k3 / d logprobs = 1 - exp(log_r): a clamp would make it 0 here"
 
 
 @pytest.mark.ex8
