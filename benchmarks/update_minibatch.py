@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scoring", nargs="*", default=["16:none", "64:2048", "64:1024"],
                         help="ROWS:LOGITS_CHUNK_TOKENS variants of the scoring forward (none: the head on whole rows)")
     parser.add_argument("--shape", choices=("qwen", "tiny"), default="qwen")
+    parser.add_argument("--scoring-rows", type=int, default=256, help="rows of the scoring forward (the recipe's batch)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--md", type=Path)
@@ -166,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     impl = load_impl(str(ROOT / "solutions" / "exercises.py"))
     generator = torch.Generator().manual_seed(0)
     step_rows = rollout_rows(ROWS_PER_STEP, shape["vocab_size"], device, generator)
-    rollout = rollout_rows(256, shape["vocab_size"], device, generator)
+    rollout = rollout_rows(args.scoring_rows, shape["vocab_size"], device, generator)
     modes = {"off": [False], "on": [True], "both": [False, True]}[args.compile]
-    result = {"card": torch.cuda.get_device_name() if memory.cuda else "cpu", "shape": args.shape, "torch": torch.__version__, "optimizer": args.optimizer,
+    result = {"card": torch.cuda.get_device_name() if memory.cuda else "cpu", "shape": args.shape,
+              "scoring_rows": args.scoring_rows, "torch": torch.__version__, "optimizer": args.optimizer,
               "command": "python benchmarks/update_minibatch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "update": [], "scoring": []}
     for compiled in modes:
@@ -210,7 +212,7 @@ def report(result: dict) -> str:
     for row in result["update"]:
         lines.append(f"| {'compiled' if row['compiled'] else 'eager'} | {row['minibatch_size']} | {row['step_s']:.2f} | "
                      f"{4 * row['step_s']:.2f} | {row['first_step_s']:.1f} | {row['peak_gib']:.2f} | {row['exercise5_gib']:.2f} |")
-    lines += ["", "Scoring forward of 256 rows (logprobs and values, no gradient):", "",
+    lines += ["", f"Scoring forward of {result.get('scoring_rows', 256)} rows (logprobs and values, no gradient):", "",
               "| layers | rows per forward | LM head on | seconds | first (s) | transient memory (GiB) |", "|---|---|---|---|---|---|"]
     for row in result["scoring"]:
         head = "whole rows" if row["logits_chunk_tokens"] is None else f"{row['logits_chunk_tokens']} tokens at a time"

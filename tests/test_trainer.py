@@ -1029,3 +1029,14 @@ def test_the_demo_warns_of_a_forgotten_temperature_and_a_wrong_slice(tmp_path, c
         warnings = [line for line in out.splitlines() if "WARNING: stats/approx_kl_first" in line]
         assert len(warnings) == 1 and warnings[0].startswith("[step 1]"), (name, out)
         assert all(cause in warnings[0] for cause in ("slice", "temperature", "dropout")), warnings[0]
+
+
+def test_the_update_minibatch_benchmark_runs_on_cpu(tmp_path):
+    """benchmarks/update_minibatch.py on the CPU with its tiny shape: every variant and the report
+    (its figures mean nothing there; the GPU run is in reports/performance/small_cards/)."""
+    bench = load_module(Path(__file__).resolve().parents[1] / "benchmarks" / "update_minibatch.py", "update_minibatch")
+    out = tmp_path / "update.md"
+    assert bench.main(["--shape", "tiny", "--device", "cpu", "--sizes", "16", "32", "--compile", "off", "--repeat", "1",
+                       "--scoring", "16:none", "16:64", "--scoring-rows", "16", "--md", str(out)]) == 0
+    text = out.read_text()
+    assert "| eager | 16 |" in text and "| eager | 32 |" in text and "64 tokens at a time" in text
