@@ -44,8 +44,8 @@ class PolicyWithValueHead(nn.Module):
         the last ``logits_to_keep`` columns only: (B, logits_to_keep, V).
 
         The transformer runs without its LM head (``hidden_states``), then the head: the same
-        products as the LM's own forward, without transformers' capture of every layer's output,
-        which a compiled transformer (model.compile) could not trace. A sharded LM (FSDP) runs its
+        products as the LM's own forward, without transformers' capture of every layer's output
+        (hooks reading a ContextVar, which dynamo cannot trace). A sharded LM (FSDP) runs its
         own forward: FSDP gathers the head's weights only there.
         """
         if _is_sharded(self.lm):

@@ -157,29 +157,34 @@ def build_models(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int
 
 
 def compile_layers(lm: PreTrainedModel, backend: str = "inductor") -> None:
-    """Compile the transformer of ``lm`` (its base model's ``forward``: embeddings, every decoder
-    layer with its gradient checkpointing, the final norm; not the LM head) in place, as one graph
-    with dynamic shapes that serves every row count and length. What it saves is host time: an
-    eager forward of Qwen2.5-0.5B launches ~1000 kernels from Python, and a minibatch of 2 rows
-    spent 166 ms of CPU time against ~40 ms of GPU time (H100: the course repository's performance
-    report), so small
-    minibatches wait for the host (model.compile in the config). One graph: compiling each
-    layer's parts instead (72 regions a forward) cost as much in guards and autograd wrappers as
-    it saved. The callers run the transformer without transformers' capture of each layer's
-    output (``PolicyWithValueHead.forward``), whose hooks dynamo cannot trace. The state dict
-    keeps its keys."""
-    body = lm.base_model
-    body.forward = torch.compile(body.forward, dynamic=True, backend=backend)
+    """Compile, in place and with dynamic shapes (one graph serves every row count and length),
+    the ``forward`` of each part of each decoder layer of ``lm``: its attention, MLP and norms.
+    What it saves is host time: an eager forward of Qwen2.5-0.5B launches ~1000 kernels from
+    Python, which small minibatches cannot hide behind GPU work (model.compile in the config).
+
+    The parts, and not the whole transformer as one graph: that graph (24 layers with their
+    gradient checkpointing) took inductor ~5 min to compile for the scoring forwards and ~11 min
+    for the update's first step, and recompiled in the second (two H200s, the course repository's
+    performance report, Part 4); the parts are what that report's step times were measured with.
+    The state dict keeps its keys."""
+    for module in compiled_parts(lm):
+        module.forward = torch.compile(module.forward, dynamic=True, backend=backend)
+
+
+def compiled_parts(lm: PreTrainedModel) -> list[torch.nn.Module]:
+    """The direct children of each repeated block of ``lm`` (its ``_no_split_modules`` classes, as
+    FSDP wraps them): a decoder layer's attention, MLP and norms."""
+    classes = set(getattr(lm, "_no_split_modules", None) or ())
+    return [child for module in lm.modules() if type(module).__name__ in classes for child in module.children()]
 
 
 @contextmanager
 def eager_layers(lm: PreTrainedModel) -> Iterator[None]:
-    """Inside the block, ``compile_layers``' transformer runs eagerly: decoding with a growing KV
-    cache (evaluation, or sampling from the policy itself) would recompile it at every length."""
-    body = lm.base_model
-    compiled = vars(body).pop("forward", None)
+    """Inside the block, ``compile_layers``' parts run eagerly: decoding with a growing KV cache
+    (evaluation, or sampling from the policy itself) would recompile them at every new length."""
+    compiled = [(module, vars(module).pop("forward")) for module in compiled_parts(lm) if "forward" in vars(module)]
     try:
         yield
     finally:
-        if compiled is not None:
-            body.forward = compiled
+        for module, forward in compiled:
+            module.forward = forward
