@@ -417,6 +417,47 @@ def test_a_bfloat16_sampler_is_refreshed_every_step_and_keeps_the_first_ratio_at
     assert all(abs(m["stats/approx_kl_first"]) <= tol for m, tol in zip(result.metrics, tolerances, strict=True))
 
 
+def test_offloading_the_frozen_models_changes_no_number(tmp_path, monkeypatch):
+    """model.offload_frozen: the reference and the bfloat16 sampler hold no weights during the
+    update (their parameters empty, the same objects) and all of them before each rollout; the
+    run's metrics and evaluations are bit for bit those of the same run without it."""
+    seen = []
+    original = loop.update
+
+    def update_spy(run, *args, **kwargs):
+        seen.append(sum(p.numel() for model in (run.ref, run.sampler) for p in model.parameters()))
+        return original(run, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "update", update_spy)
+    extra = ("rollout.generation_dtype=bfloat16", "model.reference_dtype=bfloat16", "train.steps=3")
+    plain = train(tiny_cfg(tmp_path / "a", *extra), SOLUTION)
+    assert len(seen) == 3 and all(n > 0 for n in seen)
+    seen.clear()
+    offloaded = train(tiny_cfg(tmp_path / "b", *extra, "model.offload_frozen=true"), SOLUTION)
+    assert seen == [0, 0, 0]
+    for a, b in zip(plain.metrics, offloaded.metrics, strict=True):
+        assert {k: v for k, v in a.items() if not k.startswith("time/")} == \
+            {k: v for k, v in b.items() if not k.startswith("time/")}
+    assert plain.evals == offloaded.evals
+
+
+def test_parking_keeps_the_parameters_and_gives_back_the_reference_exactly():
+    from assignment.trainer.offload import FrozenParking
+
+    ref, sampler = tiny_llama(seed=1), tiny_llama(seed=2)
+    before = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    params = list(ref.parameters()) + list(sampler.parameters())
+    parking = FrozenParking(ref, sampler)
+    parking.park()
+    parking.park()  # idempotent: the host copy is the weights', not the empty storage's
+    assert all(p.numel() == 0 for p in params)
+    parking.unpark()
+    parking.unpark()
+    assert list(ref.parameters()) + list(sampler.parameters()) == params  # the same objects
+    assert all(torch.equal(p, before[n]) for n, p in ref.named_parameters())
+    assert [p.shape for p in sampler.parameters()] == [p.shape for p in tiny_llama(seed=2).parameters()]
+
+
 def test_the_small_card_settings_train_and_resume_exactly(tmp_path, monkeypatch):
     """ppo.optimizer=adamw_8bit (bitsandbytes), a bfloat16 reference and chunked scoring logits
     (the 16 GB profile's settings): a run killed after step 2 and resumed gives the uninterrupted

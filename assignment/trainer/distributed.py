@@ -113,9 +113,9 @@ class Distributed:
         if self.fsdp and cfg.ppo.length_grouping:
             raise ConfigError("ppo.length_grouping is not supported under FSDP: set ppo.length_grouping=false")
         # Both act on the parameters FSDP replaces by shards: untested there.
-        if self.fsdp and (cfg.model.compile or cfg.ppo.optimizer != "adamw"):
-            raise ConfigError("model.compile and ppo.optimizer=adamw_8bit are not supported under FSDP: "
-                              "set model.compile=false ppo.optimizer=adamw")
+        if self.fsdp and (cfg.model.compile or cfg.model.offload_frozen or cfg.ppo.optimizer != "adamw"):
+            raise ConfigError("model.compile, model.offload_frozen and ppo.optimizer=adamw_8bit are not supported "
+                              "under FSDP: set model.compile=false model.offload_frozen=false ppo.optimizer=adamw")
 
     def device(self, name: str) -> torch.device:
         """The device of this process: accelerate's (cuda:LOCAL_RANK, or cpu under --cpu) in a job of

@@ -61,6 +61,7 @@ from assignment.trainer.loading import DTYPES, build_models, compile_layers, loa
 from assignment.trainer.ppo import (FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance, guard_advantages, kl_penalties, ppo_update,
                                    process_minibatches, sequence_kl)
 from assignment.trainer.reward import Score, score
+from assignment.trainer.offload import FrozenParking
 from assignment.trainer.rollout import Rollout, Sample, collect, generation_copy, refresh_copy, render_prompts
 from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, SAMPLES, Progress, RunLogger, eval_records_path,
                                        plot_run, read_jsonl)
@@ -193,6 +194,7 @@ class Run:
     dist: Distributed | None = None  # the job's processes (None: this one alone)
     model: torch.nn.Module | None = None  # what the update trains: policy, or its DDP wrapper (None: policy)
     first_kl_warned: bool = False  # the approx_kl_first warning is printed once per invocation
+    parking: FrozenParking | None = None  # model.offload_frozen: ref and sampler off the GPU outside rollouts
 
 
 def open_run_dir(cfg: Config, resume: bool) -> Path:
@@ -245,7 +247,8 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     start_step = restore(out, policy, optimizer, scheduler, kl_ctl, curriculum, dist) if resume else 0
     logger = RunLogger(out, cfg, start_step) if dist.is_main else NullLogger()
     return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,
-               logger, start_step, progress, deadline, start_step if resume else None, sampler, dist, model)
+               logger, start_step, progress, deadline, start_step if resume else None, sampler, dist, model,
+               parking=FrozenParking(ref, sampler) if cfg.model.offload_frozen else None)
 
 
 def cap_gpu_memory(device: torch.device, gib: float | None) -> dict[str, float]:
@@ -340,9 +343,13 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     problems = [problem for problem in problems for _ in range(group_size)]
     problems = problems[run.dist.shard(len(problems))]  # this process's share of the global batch
     prompts = render_prompts(run.tokenizer, [problem.question for problem in problems], cfg.data)
+    if run.parking is not None:
+        run.parking.unpark()
     if run.sampler is not None:
         refresh_copy(run.sampler, run.policy.lm)  # the weights of the last update (or of the checkpoint)
     rollout = collect(run.policy, run.ref, run.tokenizer, prompts, cfg.rollout, run.sampler)
+    if run.parking is not None:  # neither is needed again before the next rollout
+        run.parking.park()
     response_mask = rollout.sample.response_mask  # (B, T)
     # 2. Score each whole response -> final_rewards (B,).
     texts = run.tokenizer.batch_decode(rollout.sample.response_ids, skip_special_tokens=True)
