@@ -66,6 +66,36 @@ def solution_source() -> str:
     return SOLUTION_PATH.read_text()
 
 
+def exercises_edited(v: Variant) -> set[int] | None:
+    """The exercises whose functions hold ``v``'s edits, or None when an edit lies outside every
+    exercise function (a helper, the imports): then any exercise may differ. The exercises are
+    graded apart (exercise 5 with the reference's 1-3), so only these can grade otherwise than
+    the solution does."""
+    import ast
+
+    from assignment.contract import BY_NAME
+
+    text = solution_source()
+    body = ast.parse(text).body
+    # a function's lines run to the next top-level statement: the comments after its last line
+    # (the solution's END marker) are its own
+    ends = [after.lineno - 1 for after in body[1:]] + [text.count("\n") + 1]
+    spans = {node.name: (node.lineno, end) for node, end in zip(body, ends)
+             if isinstance(node, ast.FunctionDef) and node.name in BY_NAME}
+    edited = set()
+    for old, _ in v.edits:
+        at = text.find(old)
+        if at < 0:  # it edits an earlier edit's text
+            return None
+        first = text.count("\n", 0, at) + 1
+        last = first + old.count("\n")
+        inside = [name for name, (start, end) in spans.items() if start <= first and last <= end]
+        if not inside:
+            return None
+        edited.add(BY_NAME[inside[0]].number)
+    return edited
+
+
 def render(v: Variant, source: str | None = None) -> str:
     """The solution source (or ``source``) with ``v``'s edits applied, in order.
 

@@ -466,3 +466,13 @@ def test_public_tests_fail_every_mutant_and_pass_every_correct_file(tmp_path):
     failed_correct = [n for n in code if n not in {v.name for v in mutants} and code[n] != "0"]
     assert not passed_mutants, f"the public tests miss {passed_mutants}"
     assert not failed_correct, f"the public tests reject correct files {failed_correct}"
+
+
+def test_the_exercises_a_variant_edits_are_found_where_its_edits_are():
+    """corpus.exercises_edited, which lets the grader tests grade an alternative on the exercises it
+    changes alone: every mutant's edits lie in the exercise it must lose points on, and two
+    alternatives edit what their names say."""
+    for v in MUTANTS + corpus.PART2_MUTANTS:
+        assert corpus.exercises_edited(v) == {v.exercise}, v.name
+    assert corpus.exercises_edited(corpus.by_name("alt_vectorized_gae")) == {4}
+    assert corpus.exercises_edited(corpus.by_name("alt_float32_everywhere")) == {1, 2, 3, 4, 5}

@@ -44,7 +44,7 @@ def load_config(examples: int | None = None, **worker) -> config.GradingConfig:
         for ex in cfg.exercises.values():
             for name, c in ex.items():
                 ex[name] = dataclasses.replace(c, examples=min(c.examples, examples))
-        cfg.hypothesis = dataclasses.replace(cfg.hypothesis, shrink_calls=15)
+        cfg.hypothesis = dataclasses.replace(cfg.hypothesis, shrink_calls=10)
     cfg.worker = dataclasses.replace(cfg.worker, **worker)
     return cfg
 
@@ -181,17 +181,21 @@ def test_exercise_5_is_immune_to_mutants_of_1_to_4(sandbox):
 
 
 def _correct_submissions():
+    """(text, the Part I exercises it may grade otherwise than the solution) of each correct file:
+    a corpus alternative's edited exercises (corpus.exercises_edited), all five for the
+    independently written files."""
+    part_one = {e.number for e in PART_I}
     files = sorted(SUBMISSIONS.glob("correct_*.py"))
-    return [pytest.param(corpus.render(v), id=v.name) for v in corpus.ALTERNATIVES] + \
-        [pytest.param(path.read_text(), id=path.stem) for path in files]
+    return [pytest.param(corpus.render(v), corpus.exercises_edited(v) or part_one, id=v.name) for v in corpus.ALTERNATIVES] + \
+        [pytest.param(path.read_text(), part_one, id=path.stem) for path in files]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("text", _correct_submissions())
-def test_correct_alternative_gets_full_marks(text, sandbox):
+@pytest.mark.parametrize("text, exercises", _correct_submissions())
+def test_correct_alternative_gets_full_marks(text, exercises, sandbox):
     # Part I's alternatives (the independently written files have no Part II: tests/test_part2.py
     # grades Part II's own alternatives)
-    assert not failed(grade(text, QUICK, CONFIG, exercises={e.number for e in PART_I}, sandbox=sandbox))
+    assert not failed(grade(text, QUICK, CONFIG, exercises=exercises, sandbox=sandbox))
 
 
 # Hidden seeds under which every correct file keeps full marks: 918273645, under which exercise 5's
@@ -207,9 +211,8 @@ for _number, _checks in (*HIDDEN_AS_SHIPPED.exercises.items(), *HIDDEN_AS_SHIPPE
 
 
 def _correct_files_by_part():
-    part_one = {e.number for e in PART_I}
-    return [pytest.param(p.values[0], part_one, id=p.id) for p in _correct_submissions()] + \
-        [pytest.param(corpus.render(v), {6, 7, 8}, id=v.name) for v in corpus.PART2_ALTERNATIVES]
+    return _correct_submissions() + [pytest.param(corpus.render(v), corpus.exercises_edited(v) or {6, 7, 8}, id=v.name)
+                                     for v in corpus.PART2_ALTERNATIVES]
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ the rollout and gives it back before the next one:
 
 Every ``Parameter`` object stays the same (only its ``.data`` is swapped), so optimizers, compiled
 graphs and hooks that hold the parameters keep holding them. Nothing here changes a number: a run
-with and without it is the same run (tests/test_trainer.py).
+with and without it is the same run, bit for bit.
 """
 
 from __future__ import annotations
