@@ -55,9 +55,9 @@ class ModelConfig:
     reference_dtype: Optional[str] = None
     # CUDA only: compile each decoder layer's attention, MLP and norms of the policy and of the
     # reference (torch.compile, dynamic shapes; assignment.trainer.loading.compile_layers), for the
-    # update's and the scoring forwards. Small minibatches wait for the host in eager mode: a minibatch of 2
-    # rows of Qwen2.5-0.5B took 166 ms of CPU time for ~40 ms of GPU time (H100). Evaluation and
-    # sampling from the policy itself stay eager. Not under FSDP.
+    # update's and the scoring forwards. Small minibatches wait for the host in eager mode: a
+    # minibatch of 2 rows of Qwen2.5-0.5B took 166 ms of CPU time for ~40 ms of GPU time (H100).
+    # Evaluation and sampling from the policy itself stay eager. Not under FSDP.
     compile: bool = False
     # Release the frozen reference's and the sampler's GPU memory after each rollout and give it
     # back before the next (assignment.trainer.offload): the update, where the step's peak lies,

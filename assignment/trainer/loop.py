@@ -58,10 +58,10 @@ from assignment.trainer.data import Curriculum, Problem, load_problems, training
 from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.impl import ImplError
 from assignment.trainer.loading import DTYPES, build_models, compile_layers, load_tokenizer
+from assignment.trainer.offload import FrozenParking
 from assignment.trainer.ppo import (FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance, guard_advantages, kl_penalties, ppo_update,
                                    process_minibatches, sequence_kl)
 from assignment.trainer.reward import Score, score
-from assignment.trainer.offload import FrozenParking
 from assignment.trainer.rollout import Rollout, Sample, collect, generation_copy, refresh_copy, render_prompts
 from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, SAMPLES, Progress, RunLogger, eval_records_path,
                                        plot_run, read_jsonl)
