@@ -41,7 +41,10 @@ python3 -m venv .venv
 ```
 
 For GPU runs on GSM8K (datasets, GGUF models, TensorBoard), install the `train` extra instead,
-with torch for your CUDA: `.venv/bin/pip install -e '.[train]'`.
+with torch for your CUDA: `.venv/bin/pip install -e '.[train]'`. On a 24 GB or 16 GB card run
+`configs/gsm8k_qwen_coder_24gb.yaml` or `configs/gsm8k_qwen_coder_16gb.yaml`, which add the
+`lowmem` extra (`'.[train,lowmem]'`): handout section 7 says what they change and how long a run
+takes on such a card.
 
 Submit `assignment/exercises.py` on Gradescope.
 """
@@ -88,7 +91,8 @@ def _student_pyproject() -> str:
     project = staff["project"]
     extras = project["optional-dependencies"]
     # The install is what the CPU demo and the public tests need, and matplotlib: the demo's reward
-    # curve and --compare's figure, which the handout shows; GPU runs add the `train` extra.
+    # curve and --compare's figure, which the handout shows; GPU runs add the `train` extra, and
+    # the small-card profiles the `lowmem` one (8-bit AdamW).
     train = [d for d in extras["train"] if not d.startswith(project["name"])]
     dependencies = project["dependencies"] + extras["cpu"] + [d for d in train if d.startswith("matplotlib")]
     from autograder import __version__
@@ -99,7 +103,8 @@ def _student_pyproject() -> str:
         'description = "The PPO-for-language-models assignment: five exercises (and three bonus ones) and the trainer they plug into."',
         'readme = "README.md"', f'requires-python = "{project["requires-python"]}"',
         "dependencies = [", *[f"    {json.dumps(d)}," for d in dependencies], "]", "",
-        "[project.optional-dependencies]", "train = [", *[f"    {json.dumps(d)}," for d in train], "]", "",
+        "[project.optional-dependencies]", "train = [", *[f"    {json.dumps(d)}," for d in train], "]",
+        "lowmem = [", *[f"    {json.dumps(d)}," for d in extras["lowmem"]], "]", "",
         "[project.scripts]", f'ppo-train = "{project["scripts"]["ppo-train"]}"', "",
         "[tool.setuptools.packages.find]", 'include = ["assignment*"]', "",
         "[tool.pytest.ini_options]", 'testpaths = ["tests"]', 'addopts = "-ra"',

@@ -282,8 +282,9 @@ def build_optimizer(policy: PolicyWithValueHead, ppo: PPOConfig) -> torch.optim.
     try:
         import bitsandbytes
     except ImportError:
-        raise ConfigError("ppo.optimizer=adamw_8bit needs bitsandbytes: pip install 'ppo-llm-course[lowmem]' "
-                          "(or pip install bitsandbytes), or set ppo.optimizer=adamw") from None
+        raise ConfigError("ppo.optimizer=adamw_8bit (the small-card profiles) needs bitsandbytes, the `lowmem` "
+                          "extra: pip install -e '.[train,lowmem]' (or pip install bitsandbytes), or set "
+                          "ppo.optimizer=adamw") from None
     manager = bitsandbytes.optim.GlobalOptimManager.get_instance()
     for module in policy.modules():
         if isinstance(module, torch.nn.Embedding):
