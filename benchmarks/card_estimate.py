@@ -4,9 +4,12 @@
         --recipe reports/performance/small_cards/recipe_h200.json --run reports/gsm8k_qwen_coder_24gb \
         --cards 24 [--out FILE]
 
-Not a measurement: nothing here ran on those cards. Each phase of a measured step (``ppo_step.py``
-JSON, medians of the steps after the first) is scaled by the ratio of the datasheet figure that
-bounds it, assuming the small card reaches the same fraction of its peak as the measured card did:
+Not a measurement: nothing here ran on those cards. A step's phases come from the profile's
+``ppo_step.py`` JSON (medians of the steps after the first), calibrated to the profile's whole run
+(``--run``, a report folder): the rollout's parts are scaled so that they add up to the run's median
+rollout, and the update is the run's median update. Each phase is then scaled by the ratio of the
+datasheet figure that bounds it, assuming the small card reaches the same fraction of its peak as
+the measured card did:
 
     generation          x  bandwidth(measured) / bandwidth(card)   decoding reads the sampler's weights
                                                                    and KV cache for every token
@@ -20,14 +23,17 @@ bounds it, assuming the small card reaches the same fraction of its peak as the 
                                                                    host's (kernel launches), which a
                                                                    smaller card does not make longer
     rest                unchanged                                  rewards and decoding text, on the host
-    evaluation          x  bandwidth ratio                         greedy float32 decoding
-    loading             unchanged
+
+The whole run: the run's training seconds (every step, the first one's compilation included) times
+the ratio of the estimated step to the measured one, its evaluation seconds times the bandwidth
+ratio (greedy float32 decoding), and its other seconds (loading) unchanged. On the measured card
+every ratio is 1 and the run's own figures come back.
 
 A card that is slower than the measured one spends more of its time on arithmetic and less waiting
 for the host, so it reaches a larger fraction of its peak than assumed: read the figures as upper
 estimates. Datasheet figures are dense (no sparsity): NVIDIA's product pages and architecture
 whitepapers (Hopper H200, Ada RTX 4090/4080/4060 Ti and L4, Ampere RTX 3090 and A10, Turing T4,
-Volta V100).
+Volta V100). An A10G (AWS) is not an A10: look its figures up before adding it.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import argparse
 import json
 import statistics
 from pathlib import Path
+
+from assignment.trainer.runlog import read_jsonl
 
 # card: (memory GB, memory bandwidth GB/s, dense TFLOPS of float32 training matmuls: TF32 tensor
 # cores where the card has them, plain FP32 where it does not (T4, V100))
@@ -53,23 +61,39 @@ CARDS = {
 }
 
 
-def medians(bench: dict) -> dict[str, float]:
-    """The median of each phase's seconds over the steps after the first (which compiles)."""
+PHASES = ("generate_s", "policy_forward_s", "reference_forward_s", "rest_s")
+
+
+def phases(bench: dict, run_metrics: list[dict] | None = None) -> dict[str, float]:
+    """Median seconds of each phase over the steps after the first (which compiles); with the whole
+    run's metrics, the rollout's parts rescaled to the run's median rollout and its median update."""
     steps = bench["steps"][1:]
-    keys = ("generate_s", "policy_forward_s", "reference_forward_s", "update_s", "rest_s")
-    return {key: statistics.median(step[key] for step in steps) for key in keys}
+    out = {key: statistics.median(step[key] for step in steps) for key in (*PHASES, "update_s")}
+    if run_metrics:
+        measured = run_metrics[1:]
+        rollout = statistics.median(m["time/rollout"] for m in measured)
+        scale = rollout / sum(out[key] for key in PHASES)
+        out = {key: out[key] * scale for key in PHASES} | {"update_s": statistics.median(m["time/update"] for m in measured)}
+    return out
 
 
-def estimate(profile: dict, recipe: dict, run_seconds: dict, steps: int, card: str) -> dict[str, float]:
-    """Seconds per step and for the whole run on ``card``, scaled from the measured card."""
+def estimate(profile: dict[str, float], recipe: dict[str, float], measured_card: str, card: str) -> float:
+    """Seconds per step on ``card``: ``profile`` and ``recipe`` are ``phases`` measured on ``measured_card``."""
+    memory, compute = ratios(measured_card, card)
+    return (profile["generate_s"] * memory + (profile["policy_forward_s"] + profile["reference_forward_s"]) * compute
+            + max(profile["update_s"], recipe["update_s"] * compute) + profile["rest_s"])
+
+
+def ratios(measured_card: str, card: str) -> tuple[float, float]:
+    """(bandwidth, matmul rate) of the measured card over ``card``'s: how many times slower ``card`` is."""
     _, bandwidth, matmul = CARDS[card]
-    _, measured_bandwidth, measured_matmul = CARDS[profile["card"]]
-    memory, compute = measured_bandwidth / bandwidth, measured_matmul / matmul
-    mine, theirs = medians(profile), medians(recipe)
-    step = (mine["generate_s"] * memory + (mine["policy_forward_s"] + mine["reference_forward_s"]) * compute
-            + max(mine["update_s"], theirs["update_s"] * compute) + mine["rest_s"])
-    whole = steps * step + run_seconds["evaluation"] * memory + run_seconds["other"]
-    return {"step": step, "run": whole}
+    _, measured_bandwidth, measured_matmul = CARDS[measured_card]
+    return measured_bandwidth / bandwidth, measured_matmul / matmul
+
+
+def whole_run(step: float, measured_step: float, seconds: dict, memory: float) -> float:
+    """The run's seconds on a card whose step takes ``step`` where the measured one took ``measured_step``."""
+    return seconds["training"] * step / measured_step + seconds["evaluation"] * memory + seconds["other"]
 
 
 def main(argv: list[str] | None = None) -> str:
@@ -84,13 +108,17 @@ def main(argv: list[str] | None = None) -> str:
     if profile["card"] != recipe["card"]:
         parser.error(f"the profile ran on {profile['card']} and the recipe on {recipe['card']}: measure both on one card")
     summary = json.loads((args.run / "summary.json").read_text())
-    lines = [f"Estimated from `{profile['label']}` on {profile['card']} ({args.run.name}: {summary['steps']} steps "
-             "and both evaluations); `python benchmarks/card_estimate.py` says how.", "",
+    mine = phases(profile, read_jsonl(args.run / "metrics.jsonl"))
+    theirs = phases(recipe)
+    measured = estimate(mine, theirs, profile["card"], profile["card"])
+    lines = [f"Estimated from `{profile['label']}` on {profile['card']}, calibrated to {args.run.name} ({summary['steps']} "
+             "steps and both evaluations); `python benchmarks/card_estimate.py` says how.", "",
              "| card | memory | seconds per step | whole run |", "|---|---|---|---|"]
     for card, (gigabytes, _, _) in CARDS.items():
         if gigabytes in args.cards or card == profile["card"]:
-            guess = estimate(profile, recipe, summary["seconds"], summary["steps"], card)
-            lines.append(f"| {card} | {gigabytes} GB | {guess['step']:.0f} | {guess['run'] / 60:.0f} min |")
+            step = estimate(mine, theirs, profile["card"], card)
+            run = whole_run(step, measured, summary["seconds"], ratios(profile["card"], card)[0])
+            lines.append(f"| {card} | {gigabytes} GB | {step:.0f} | {run / 60:.0f} min |")
     text = "\n".join(lines) + "\n"
     if args.out:
         args.out.write_text(text)
