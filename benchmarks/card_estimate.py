@@ -104,9 +104,14 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--cards", type=int, nargs="+", default=[24, 16], help="card sizes in GB to list")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    for path in (args.profile, args.recipe, args.run / "summary.json", args.run / "metrics.jsonl"):
+        if not path.is_file():
+            parser.error(f"{path} not found")
     profile, recipe = (json.loads(path.read_text()) for path in (args.profile, args.recipe))
     if profile["card"] != recipe["card"]:
         parser.error(f"the profile ran on {profile['card']} and the recipe on {recipe['card']}: measure both on one card")
+    if profile["card"] not in CARDS:
+        parser.error(f"no datasheet figures for {profile['card']!r}: add it to CARDS")
     summary = json.loads((args.run / "summary.json").read_text())
     mine = phases(profile, read_jsonl(args.run / "metrics.jsonl"))
     theirs = phases(recipe)
