@@ -26,8 +26,8 @@ test compares to ``OUT`` (a torch file):
         minibatches of |that minibatch's gradient|}, the magnitudes the reduction sums;
     steps: {"default", "process"}: for each optimizer step of 2 epochs of 8 rows (minibatch 2 x
         accum 2, global), the global rows it saw (input_ids rows), with the calls and the
-        grad_accum_steps each process's exercise 5 saw, without and with
-        ppo.process_minibatch_size=2 (each process's 2 rows of a step as 1 call instead of 2);
+        grad_accum_steps each process's exercise 5 saw, by default (each process's 2 rows of a
+        step as 1 call) and with ppo.process_minibatch_size=1 (as 2 calls of 1 row);
     leftover: after an update stopped early inside an accumulation cycle, whether a gradient
         computed next equals its recomputation bit for bit on every process ("clean"), and the
         same with ``drop_local_gradients`` skipped ("mutant_clean"), and the stopping minibatch.
@@ -221,10 +221,13 @@ class ReductionProbe:
 def accumulation_checks(dist: Distributed, impl, tokenizer, ref, ids: torch.Tensor, rewards: torch.Tensor,
                         result: dict) -> None:
     """The ``accumulated``, ``reduced_before_step``, ``accumulated_magnitudes``, ``steps`` and ``leftover`` entries of the
-    module docstring. B rows, minibatch 2 x accum 2 global: each process runs 2 minibatches of 1 row."""
+    module docstring. B rows, minibatch 2 x accum 2 global: each process runs 2 minibatches of 1 row
+    (``one_row``; by default each process would run its 2 rows of a step as 1 call, and there would
+    be no accumulation to check)."""
     overrides = ["model.hidden_size=32", f"rollout.batch_size={B}", "ppo.minibatch_size=2", "ppo.grad_accum_steps=2",
                  "ppo.epochs=1", "ppo.target_kl=null", "train.output_dir=unused"]
-    cfg = load_config(None, overrides)
+    one_row = ["ppo.process_minibatch_size=1"]
+    cfg = load_config(None, overrides + one_row)
 
     def fresh(rows: slice, n_ids: torch.Tensor = ids, n_rewards: torch.Tensor = rewards):
         """A fresh policy, its update batch of ``rows`` (every response T long, a fixed advantage per row)."""
@@ -276,14 +279,14 @@ def accumulation_checks(dist: Distributed, impl, tokenizer, ref, ids: torch.Tens
     ids8 = torch.randint(3, len(tokenizer), (n, P + T), generator=generator)
     rewards8 = torch.rand(n, generator=generator)
     result["steps"] = {}
-    for name, extra in (("default", []), ("process", ["ppo.process_minibatch_size=2"])):
+    for name, extra in (("default", []), ("process", ["ppo.process_minibatch_size=1"])):
         cfg8 = load_config(None, overrides + [f"rollout.batch_size={n}", "ppo.epochs=2", *extra])
         recording = RecordingImpl(impl)
         update(cfg8, dist.shard(n), recording, ids8, rewards8)
         result["steps"][name] = dist.gather_objects([recording.steps()])  # one list per process
 
     # An early stop inside an accumulation cycle leaves no gradient behind for the next step.
-    stop_cfg = load_config(None, overrides + ["ppo.epochs=2", "ppo.target_kl=1e-9"])
+    stop_cfg = load_config(None, overrides + one_row + ["ppo.epochs=2", "ppo.target_kl=1e-9"])
     result["leftover"] = {}
     for name, drop in (("clean", ppo.drop_local_gradients), ("mutant_clean", lambda model: None)):
         with mock.patch.object(ppo, "drop_local_gradients", drop):

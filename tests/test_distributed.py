@@ -173,7 +173,8 @@ def check_accumulation(one: dict, two: dict, fsdp: bool) -> None:
                                              .nan_to_num().max()))
     assert never_ratio > 100, never_ratio
     # Each optimizer step sees the same global rows when each process runs its 2 rows of a step as
-    # 1 call (ppo.process_minibatch_size=2) instead of 2 (the default): 2 epochs of 2 steps of 4 rows.
+    # 1 call (the default: minibatch 2 x accum 2 on 2 processes) or as 2 calls of 1 row
+    # (ppo.process_minibatch_size=1): 2 epochs of 2 steps of 4 rows.
     def global_steps(per_process):
         return [frozenset().union(*(steps[i][0] for steps in per_process)) for i in range(len(per_process[0]))]
 
@@ -181,8 +182,8 @@ def check_accumulation(one: dict, two: dict, fsdp: bool) -> None:
     assert global_steps(default) == global_steps(process)
     assert [len(rows) for rows in global_steps(default)] == [4] * 4
     assert all(len(global_steps(default)[i] | global_steps(default)[i + 1]) == 8 for i in (0, 2))  # an epoch: all rows
-    assert {(calls, frozenset(accums)) for steps in default for _, calls, accums in steps} == {(2, frozenset({2}))}
-    assert {(calls, frozenset(accums)) for steps in process for _, calls, accums in steps} == {(1, frozenset({1}))}
+    assert {(calls, frozenset(accums)) for steps in default for _, calls, accums in steps} == {(1, frozenset({1}))}
+    assert {(calls, frozenset(accums)) for steps in process for _, calls, accums in steps} == {(2, frozenset({2}))}
     # Stopped after the first minibatch of the second epoch's cycle, before its reducing one: the
     # gradient computed next is its own recomputation, bit for bit. FSDP2 keeps the unreduced
     # gradients where the optimizer cannot clear them: without drop_local_gradients they leak.
@@ -266,8 +267,11 @@ def test_a_single_process_checkpoint_is_refused_by_a_larger_job():
 
 
 @pytest.mark.parametrize("processes, process_minibatch_size, split", [
-    (4, None, (4, 4)),  # the recipe's default on 4 processes: 4 calls of 4 rows per optimizer step
-    (4, 16, (16, 1)),  # each process's 16 rows of a step as one call
+    (4, None, (16, 1)),  # the recipe's default on 4 processes: each one's 16 rows of a step as one call, as on one GPU
+    (2, None, (16, 2)),
+    (1, None, (16, 4)),
+    (8, None, (2, 4)),  # 8 does not divide 4 calls: 4 calls of 16 / 8 rows
+    (4, 4, (4, 4)),  # 4 calls of 4 rows: a quarter of the activations
     (4, 8, (8, 2)),
     (2, 16, (16, 2)),
     (1, 32, (32, 2)),  # one process: its share is the whole step

@@ -178,15 +178,17 @@ class PPOConfig:
     optimizer: str = "adamw"
     # Minibatches per optimizer step; (batch_size / minibatch_size) must be a multiple of it.
     grad_accum_steps: int = 1
-    # Rows of each exercise-5 call on each process (null: minibatch_size / processes, with
-    # grad_accum_steps calls per optimizer step). A launch-time choice that keeps the optimizer
-    # steps: each still takes the same minibatch_size x grad_accum_steps shuffled responses, 1/N
-    # of them from each of N processes; each process cuts its share into calls of this many rows
-    # and exercise 5 divides by that many calls (its cfg.grad_accum_steps). E.g. 4 processes,
-    # minibatch 16 x accum 4: each process's 16 rows of a step as 1 call of 16 instead of 4 of 4.
-    # What changes: each call's token mean covers more rows (tokens of longer responses weigh as
-    # in one larger minibatch), a call needs the memory of that many rows, and the early stop
-    # (target_kl) is checked after each call. Must divide minibatch_size x grad_accum_steps / N.
+    # Rows of each exercise-5 call on each process. null: calls of minibatch_size rows, as on one
+    # GPU (grad_accum_steps / N of them per optimizer step on N processes), or, when N does not
+    # divide grad_accum_steps, grad_accum_steps calls of minibatch_size / N rows. A launch-time
+    # choice that keeps the optimizer steps: each still takes the same minibatch_size x
+    # grad_accum_steps shuffled responses, 1/N of them from each of N processes; each process cuts
+    # its share into calls of this many rows and exercise 5 divides by that many calls (its
+    # cfg.grad_accum_steps). E.g. 4 processes, minibatch 16 x accum 4: by default each process's
+    # 16 rows of a step as 1 call of 16; set 4 for 4 calls of 4 (a quarter of the activations).
+    # What changes: each call's token mean covers that many rows (tokens of longer responses weigh
+    # as in one minibatch of that size), a call needs the memory of that many rows, and the early
+    # stop (target_kl) is checked after each call. Must divide minibatch_size x grad_accum_steps / N.
     process_minibatch_size: Optional[int] = None
     clip_ratio: float = 0.2
     clip_range_value: float = 0.2

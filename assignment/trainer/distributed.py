@@ -13,8 +13,9 @@ What each process does with the config's *global* batch of ``B`` responses (``N`
       longest response (``gather_rows``), so that exercise 4 whitens over the whole batch, the
       guard, the KL controller and the curriculum see the whole batch, and every process takes
       the same branch;
-    - takes its own rows back for the update (``own_rows``), cut into minibatches of
-      ``ppo.minibatch_size / N`` rows (or ``ppo.process_minibatch_size``: ``ppo.process_minibatches``):
+    - takes its own rows back for the update (``own_rows``), cut into exercise-5 calls of
+      ``ppo.minibatch_size`` rows where N divides ``ppo.grad_accum_steps``, else of
+      ``ppo.minibatch_size / N`` (or of ``ppo.process_minibatch_size``: ``ppo.process_minibatches``):
       each optimizer step sees ``ppo.minibatch_size x ppo.grad_accum_steps`` responses, as one
       process does. DDP averages the gradients of the N per-process losses, and each loss is a
       token mean over its own rows: the global token mean only when every process holds as many

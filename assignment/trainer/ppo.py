@@ -213,14 +213,18 @@ def process_minibatches(ppo: PPOConfig, world_size: int) -> tuple[int, int]:
     """How each of ``world_size`` processes cuts its share of an optimizer step into exercise-5
     calls: (rows per call, calls per optimizer step). An optimizer step takes
     ``ppo.minibatch_size x ppo.grad_accum_steps`` responses of the global batch, ``1 / world_size``
-    of them from each process; by default each process runs ``grad_accum_steps`` calls of
-    ``minibatch_size / world_size`` rows, with ``ppo.process_minibatch_size`` calls of that many
-    rows (fewer, larger ones). Raises ConfigError for a split that does not divide."""
+    of them from each process. ``ppo.process_minibatch_size`` rows per call when set; by default
+    calls of ``minibatch_size`` rows, ``grad_accum_steps / world_size`` of them, so that every call
+    takes its token mean over as many rows, and needs as much memory, as on one GPU; when
+    ``world_size`` does not divide ``grad_accum_steps``, ``grad_accum_steps`` calls of
+    ``minibatch_size / world_size`` rows. Raises ConfigError for a split that does not divide."""
     step_rows = ppo.minibatch_size * ppo.grad_accum_steps
     if ppo.minibatch_size % world_size:
         raise ConfigError(f"ppo.minibatch_size ({ppo.minibatch_size}) is global and must be divisible by the number "
                           f"of processes ({world_size})")
     if ppo.process_minibatch_size is None:
+        if ppo.grad_accum_steps % world_size == 0:
+            return ppo.minibatch_size, ppo.grad_accum_steps // world_size
         return ppo.minibatch_size // world_size, ppo.grad_accum_steps
     share = step_rows // world_size
     if share % ppo.process_minibatch_size:
