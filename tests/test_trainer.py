@@ -1087,3 +1087,32 @@ def test_the_update_minibatch_benchmark_runs_on_cpu(tmp_path):
                        "--scoring", "16:none", "16:64", "--scoring-rows", "16", "--md", str(out)]) == 0
     text = out.read_text()
     assert "| eager | 16 |" in text and "| eager | 32 |" in text and "64 tokens at a time" in text
+
+
+def test_the_garbage_collector_runs_only_at_each_step_start_and_is_restored(tmp_path, monkeypatch):
+    """Data-parallel, a collection that pauses one process stalls all of them at the next
+    collective: during the steps the collector is off, and each step starts with one full
+    collection (timed with its rollout); afterwards it is on again with nothing left frozen."""
+    seen, collections = [], []
+    real_collect = loop.gc.collect
+    monkeypatch.setattr(loop.gc, "collect", lambda *args: collections.append(args) or real_collect(*args))
+    cfg = tiny_cfg(tmp_path, "train.steps=3", "eval.size=0")
+    train(cfg, SOLUTION, on_step=lambda step, metrics: seen.append((step, loop.gc.isenabled(), loop.gc.get_freeze_count() > 0)))
+    assert seen == [(1, False, True), (2, False, True), (3, False, True)]
+    assert collections == [()] * 3
+    assert loop.gc.isenabled() and loop.gc.get_freeze_count() == 0
+    loop.collect_garbage()  # outside the steps: the collector's own schedule, nothing frozen
+    assert loop.gc.get_freeze_count() == 0
+
+
+def test_running_out_of_gpu_memory_is_a_message_with_the_way_out_not_a_traceback(tmp_path, monkeypatch, capsys):
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 260.00 MiB. GPU 0 has a total capacity "
+                                     "of 139.80 GiB of which 137.06 MiB is free.\nmore detail")
+    monkeypatch.setattr(cli, "train", out_of_memory)
+    assert cli.main(["--config", "configs/cpu_synthetic.yaml", "--impl", str(REFERENCE),
+                     f"train.output_dir={tmp_path / 'run'}"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("ppo-train: out of GPU memory: CUDA out of memory. Tried to allocate 260.00 MiB.")
+    assert "configs/gsm8k_qwen_coder_16gb.yaml" in err and "configs/accelerate/fsdp.yaml" in err
+    assert "Traceback" not in err and "more detail" not in err

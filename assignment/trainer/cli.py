@@ -22,6 +22,8 @@ import shlex
 import sys
 from pathlib import Path
 
+import torch
+
 from assignment.trainer.config import ALGORITHM_NAMES, ConfigError, load_config
 from assignment.trainer.data import DataError
 from assignment.trainer.distributed import Distributed, WorldSizeError
@@ -31,6 +33,12 @@ from assignment.trainer.loop import TIME_LIMIT, RunDirError, RunResult, train
 from assignment.trainer.runlog import REWARD_WINDOW
 
 USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError, WorldSizeError)
+OUT_OF_MEMORY_ADVICE = (
+    "The config asks more of this card than it has. For the Qwen recipe on a 24 or 16 GB card: "
+    "configs/gsm8k_qwen_coder_24gb.yaml or configs/gsm8k_qwen_coder_16gb.yaml (README, 'Which GPU'); "
+    "otherwise fewer rows at a time (ppo.process_minibatch_size, rollout.forward_batch_size, eval.batch_size); "
+    "a model whose weights, gradients and AdamW state do not fit one card needs FSDP "
+    "(configs/accelerate/fsdp.yaml). The run folder keeps what was saved: --resume continues from its last checkpoint, if it has one.")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -118,8 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ppo-train: interrupted; continue with --resume RUN_DIR (from the last checkpoint)", file=sys.stderr)
         return 130
+    except torch.OutOfMemoryError as err:
+        print(f"ppo-train: out of GPU memory: {str(err).splitlines()[0]}\n{OUT_OF_MEMORY_ADVICE}", file=sys.stderr)
+        return 3
     if Distributed().is_main:  # under accelerate launch, one job prints one summary
         print_summary(result, cfg.algorithm)
+    if torch.distributed.is_initialized():  # the job is over: its processes leave together, as torch asks
+        torch.distributed.destroy_process_group()
     return 0
 
 

@@ -266,12 +266,17 @@ def drop_local_gradients(model: torch.nn.Module) -> None:
     update stopped early inside an accumulation cycle. DDP keeps them in ``.grad``, which
     ``optimizer.zero_grad`` clears; FSDP2 keeps them on its unsharded parameters, out of the
     optimizer's reach, and would add them into the next reduction (the next step's). FSDP2 has no
-    public call for it (torch 2.13): this clears the fields its ``post_backward`` reduces from."""
+    public call for it (torch 2.13): this clears the fields its ``post_backward`` reduces from.
+    torch 2.11 keeps one optional parameter group per module (``_fsdp_param_group``), 2.13 a list."""
     if not isinstance(model, FSDPModule):
         return
     for module in model.modules():
         if isinstance(module, FSDPModule):
-            for group in module._get_fsdp_state()._fsdp_param_groups:
+            state = module._get_fsdp_state()
+            groups = getattr(state, "_fsdp_param_groups", None)
+            if groups is None:
+                groups = [state._fsdp_param_group] if getattr(state, "_fsdp_param_group", None) is not None else []
+            for group in groups:
                 for param in group.fsdp_params:
                     if hasattr(param, "_unsharded_param"):
                         param._unsharded_param.grad = None
