@@ -4,6 +4,7 @@ launch after another on one machine, each summarised as one record of ``scaling.
     python benchmarks/scaling.py --config configs/gsm8k_qwen_coder.yaml --impl solutions/exercises.py \
         --launches single ddp:2 ddp:4 fsdp:2 fsdp:4 --out reports/multi_gpu/scaling.json [key=value ...]
     python benchmarks/scaling.py --check reports/multi_gpu/scaling.json
+    python benchmarks/scaling.py --markdown reports/multi_gpu/scaling.json
 
 The first form runs, for each launch, ``--steps`` PPO steps of the config (no evaluation, no
 checkpoint: ``eval.size=0 train.final_checkpoint=false``) into ``--runs-dir``/LAUNCH_N (a scratch
@@ -36,6 +37,7 @@ checkpoint after the measured steps.
 The second form checks such a file's form (``check``) and prints each data-parallel record's
 efficiency against the single-GPU record of the same card (``efficiencies``):
     efficiency = tokens_per_second(launch on N GPUs) / (N x tokens_per_second(single))
+The third prints its Markdown table (``table``), which reports/multi_gpu.md carries verbatim.
 """
 
 from __future__ import annotations
@@ -210,6 +212,20 @@ def efficiencies(records: list[dict[str, Any]]) -> list[tuple[str, int, str, flo
             for r in records if r["launch"] != "single"]
 
 
+def table(records: list[dict[str, Any]]) -> str:
+    """The Markdown table of a checked file, one row per record (as ``merge`` orders them): what
+    ``reports/multi_gpu.md`` shows, so that the page's figures are the file's."""
+    single = {r["card"]: r["tokens_per_second"] for r in records if r["launch"] == "single"}
+    rows = ["| launch | card | GPUs | seconds per step | real response tokens/s | speed-up | efficiency | peak GiB |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in records:
+        speedup = r["tokens_per_second"] / single[r["card"]]
+        peak = "-" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f}"
+        rows.append(f"| {r['launch']} | {r['card']} | {r['gpus']} | {r['seconds_per_step']:.2f} | "
+                    f"{r['tokens_per_second']:.0f} | {speedup:.2f} | {speedup / r['gpus']:.3f} | {peak} |")
+    return "\n".join(rows)
+
+
 def read(path: Path, paired: bool = True) -> list[dict[str, Any]]:
     """A scaling file, checked."""
     try:
@@ -239,6 +255,7 @@ def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", metavar="FILE", help="check a scaling file and print its efficiencies")
+    parser.add_argument("--markdown", metavar="FILE", help="check a scaling file and print its Markdown table")
     parser.add_argument("--config", help="the trainer's config (e.g. configs/gsm8k_qwen_coder.yaml)")
     parser.add_argument("--impl", help="whose exercises: assignment or a file (default: the answer key)")
     parser.add_argument("--code", metavar="DIR", help="run the trainer of this tree (default: this checkout)")
@@ -249,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for every launch")
     args = parser.parse_args(argv)
     try:
+        if args.markdown:
+            print(table(merge([], read(Path(args.markdown)))))
+            return 0
         if args.check:
             for launch, gpus, card, efficiency in efficiencies(read(Path(args.check))):
                 print(f"{launch} on {gpus} x {card}: efficiency {efficiency:.3f}")

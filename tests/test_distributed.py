@@ -118,6 +118,8 @@ def test_two_processes_give_the_single_process_step(tmp_path, fsdp):
     launch("tests/distributed_check.py", str(tmp_path / "two.pt"), fsdp=fsdp)
     one, two = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in ("one", "two"))
     assert (one["world_size"], two["world_size"]) == (1, 2)
+    # DDP's gradients are views into its all-reduce buckets (no second copy); FSDP2 has no buckets
+    assert (one["gradient_as_bucket_view"], two["gradient_as_bucket_view"]) == (None, None if fsdp else True)
     # The norms of two gradients within 2 K U S of each other (as in (2)) differ by at most the norm
     # of that, plus each norm's own rounding: a sum of squares, whose terms cannot cancel, so
     # relative to itself, over at most (largest tensor + number of tensors + 2) roundings.

@@ -115,3 +115,20 @@ def test_a_hub_id_goes_to_transformers_unchanged(monkeypatch):
     with pytest.raises(ModelError, match="cannot load the model 'Qwen/Qwen2.5-0.5B-Instruct'"):
         load_lm(cfg, build_tokenizer(), seed=0)
     assert calls == [("Qwen/Qwen2.5-0.5B-Instruct", {}), ("Qwen/Qwen2.5-0.5B-Instruct", {"dtype": torch.float32})]
+
+
+def test_a_bfloat16_reference_is_cast_parameter_by_parameter_and_keeps_ties_and_buffers():
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    lm = AutoModelForCausalLM.from_config(config)
+    ref = loading.reference_model(lm, torch.bfloat16)
+    assert ref.lm_head.weight is ref.model.embed_tokens.weight  # tied, as in the policy
+    assert all(torch.equal(param.detach().to(torch.bfloat16), copied) and not copied.requires_grad
+               for param, copied in zip(lm.parameters(), ref.parameters()))
+    assert {buffer.dtype for buffer in ref.buffers()} == {torch.float32}  # RoPE's inv_freq as loaded
+    assert lm.lm_head.weight.dtype == torch.float32 and lm.lm_head.weight.requires_grad and not ref.training
+    same = loading.reference_model(lm)  # no dtype: a float32 copy of its own
+    assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(lm.parameters(), same.parameters()))

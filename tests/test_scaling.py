@@ -124,3 +124,18 @@ def test_the_committed_scaling_report_has_every_launch_on_one_card():
     for launch, gpus, card, efficiency in scaling.efficiencies(records):
         print(f"{launch} on {gpus} x {card}: efficiency {efficiency:.3f}")
     assert json.loads(REPORT.read_text()) == records
+
+
+def test_the_markdown_table_is_the_files_figures():
+    records = [record(), record("ddp", 2, tokens_per_second=180.0, seconds_per_step=1.25), record("fsdp", 4, peak_memory_gib=7.25)]
+    text = scaling.table(records)
+    assert text.splitlines()[2:] == ["| single | NVIDIA H100 80GB HBM3 | 1 | 10.00 | 100 | 1.00 | 1.000 | 35.6 |",
+                                     "| ddp | NVIDIA H100 80GB HBM3 | 2 | 1.25 | 180 | 1.80 | 0.900 | 35.6 |",
+                                     "| fsdp | NVIDIA H100 80GB HBM3 | 4 | 10.00 | 100 | 1.00 | 0.250 | 7.2 |"]
+
+
+@pytest.mark.skipif(not REPORT.exists(), reason="reports/multi_gpu/scaling.json is not measured yet")
+def test_the_multi_gpu_page_and_the_readme_carry_the_committed_files_table():
+    table = scaling.table(scaling.merge([], scaling.read(REPORT)))
+    for page in (REPORT.parents[1] / "multi_gpu.md", ROOT / "README.md"):
+        assert table in page.read_text(), f"{page.name}: python benchmarks/scaling.py --markdown {REPORT.relative_to(ROOT)}"
