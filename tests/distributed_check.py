@@ -131,7 +131,6 @@ def main(out: Path) -> None:
         gradients the optimizer stepped on (this process's own, before any averaging)."""
         policy_copy, part, adv = update_inputs(rows)
         model = dist.wrap(policy_copy)  # DDP in a job of several processes, the policy itself in one
-        result["gradient_as_bucket_view"] = getattr(model, "gradient_as_bucket_view", None)  # DDP's own setting
         optimizer = KeepGradSGD(policy_copy.named_parameters(), lr=LR)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
         metrics = ppo_update(impl, model, optimizer, scheduler, part.update_batch(adv, part.values), cfg,

@@ -124,11 +124,17 @@ def test_a_bfloat16_reference_is_cast_parameter_by_parameter_and_keeps_ties_and_
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     torch.manual_seed(0)
     lm = AutoModelForCausalLM.from_config(config)
-    ref = loading.reference_model(lm, torch.bfloat16)
+
+    def no_float32_copy(*args):
+        raise AssertionError("the float32 parameters were deep-copied whole before the cast")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.nn.Parameter, "__deepcopy__", no_float32_copy)
+        ref = loading.reference_model(lm, torch.bfloat16)
     assert ref.lm_head.weight is ref.model.embed_tokens.weight  # tied, as in the policy
     assert all(torch.equal(param.detach().to(torch.bfloat16), copied) and not copied.requires_grad
                for param, copied in zip(lm.parameters(), ref.parameters()))
     assert {buffer.dtype for buffer in ref.buffers()} == {torch.float32}  # RoPE's inv_freq as loaded
     assert lm.lm_head.weight.dtype == torch.float32 and lm.lm_head.weight.requires_grad and not ref.training
-    same = loading.reference_model(lm)  # no dtype: a float32 copy of its own
-    assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(lm.parameters(), same.parameters()))
+    for same in (loading.reference_model(lm), loading.reference_model(lm, torch.float32)):  # the policy's own dtype
+        assert all(torch.equal(a, b) and a.data_ptr() != b.data_ptr() for a, b in zip(lm.parameters(), same.parameters()))

@@ -139,3 +139,31 @@ def test_the_multi_gpu_page_and_the_readme_carry_the_committed_files_table():
     table = scaling.table(scaling.merge([], scaling.read(REPORT)))
     for page in (REPORT.parents[1] / "multi_gpu.md", ROOT / "README.md"):
         assert table in page.read_text(), f"{page.name}: python benchmarks/scaling.py --markdown {REPORT.relative_to(ROOT)}"
+
+
+LEASE = REPORT.parent / "h200_lease1"
+
+
+@pytest.mark.skipif(not LEASE.is_dir(), reason="the first lease's files are not committed")
+def test_the_multi_gpu_pages_other_tables_and_the_7b_figures_are_the_files():
+    """reports/multi_gpu.md's per-launch and per-process tables and its 7B figures, recomputed
+    from the trainer's metrics.jsonl and benchmarks/ppo_step.py's JSON (medians of the steps after
+    the first)."""
+    page = (REPORT.parents[1] / "multi_gpu.md").read_text()
+    median = statistics.median
+    for folder, label in (("single_1", "single"), ("ddp_2", "DDP 2"), ("ddp_4", "DDP 4"), ("fsdp_2", "FSDP 2"),
+                          ("fsdp_4", "FSDP 4")):
+        steps = read_jsonl(LEASE / "launches" / folder / "metrics.jsonl")[1:]
+        rollout, update = median(m["time/rollout"] for m in steps), median(m["time/update"] for m in steps)
+        length = median(m["rollout/response_length"] for m in steps)
+        assert f"| {label} | {rollout:.2f} | {update:.2f} | {length:.0f} |" in page, label
+    for rows, label in ((256, "256 (one GPU)"), (128, "128 (a process of DDP 2)"), (64, "64 (a process of DDP 4)")):
+        steps = json.loads((LEASE / "per_process" / f"pp{rows}.json").read_text())["steps"][1:]
+        m = {key: median(s[key] for s in steps) for key in ("generate_s", "policy_forward_s", "reference_forward_s",
+                                                             "rest_s", "rollout_s", "update_s")}
+        assert (f"| {label} | {m['generate_s']:.2f} | {m['policy_forward_s']:.2f} + {m['reference_forward_s']:.2f} | "
+                f"{m['rest_s']:.2f} | {m['update_s']:.2f} | {m['rollout_s'] + m['update_s']:.2f} |") in page, label
+    steps = read_jsonl(LEASE / "fsdp_7b" / "metrics.jsonl")[1:]
+    assert f"**{median(m['time/rollout'] + m['time/update'] for m in steps):.2f} s**" in page
+    assert f"**{max(m['memory/peak_memory_gib'] for m in steps):.1f} GiB**" in page
+    assert f"reserved {max(m['memory/peak_reserved_gib'] for m in steps):.1f} GiB" in page

@@ -1094,15 +1094,23 @@ def test_the_garbage_collector_runs_only_at_each_step_start_and_is_restored(tmp_
     collective: during the steps the collector is off, and each step starts with one full
     collection (timed with its rollout); afterwards it is on again with nothing left frozen."""
     seen, collections = [], []
-    real_collect = loop.gc.collect
-    monkeypatch.setattr(loop.gc, "collect", lambda *args: collections.append(args) or real_collect(*args))
+    real_collect = loop.collect_garbage
+    monkeypatch.setattr(loop, "collect_garbage", lambda: collections.append(loop.gc.get_count()) or real_collect())
     cfg = tiny_cfg(tmp_path, "train.steps=3", "eval.size=0")
-    train(cfg, SOLUTION, on_step=lambda step, metrics: seen.append((step, loop.gc.isenabled(), loop.gc.get_freeze_count() > 0)))
-    assert seen == [(1, False, True), (2, False, True), (3, False, True)]
-    assert collections == [()] * 3
+    train(cfg, SOLUTION, on_step=lambda step, metrics: seen.append((step, loop.gc.isenabled(), loop.gc.get_freeze_count())))
+    assert [(step, enabled) for step, enabled, _ in seen] == [(1, False), (2, False), (3, False)]
+    assert len(collections) == 3 and all(frozen > 0 for *_, frozen in seen)
     assert loop.gc.isenabled() and loop.gc.get_freeze_count() == 0
-    loop.collect_garbage()  # outside the steps: the collector's own schedule, nothing frozen
+    real_collect()  # outside the steps: the collector's own schedule, nothing frozen
     assert loop.gc.get_freeze_count() == 0
+
+
+def test_adamw_is_torchs_default_on_cpu_and_fused_only_for_cuda_tensors():
+    """On CPU (and for FSDP's DTensors) torch picks its implementation: fused=None, never False,
+    which torch reads as the slow per-tensor loop."""
+    policy = PolicyWithValueHead(tiny_llama(vocab_size=16, hidden_size=8, num_layers=1))
+    optimizer = loop.build_optimizer(policy, load_config(None, []).ppo)
+    assert optimizer.defaults["fused"] is None
 
 
 def test_running_out_of_gpu_memory_is_a_message_with_the_way_out_not_a_traceback(tmp_path, monkeypatch, capsys):

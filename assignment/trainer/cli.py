@@ -9,7 +9,8 @@
 
 Problems the user can fix (a bad config key, malformed data, a missing model file, a
 submission that does not import, an exercise not yet written) are printed as one message,
-without a traceback, and exit with status 2. A run stopped by ``train.time_limit_s`` exits 0 and
+without a traceback, and exit with status 2; running out of GPU memory is one message with the
+ways out, status 3. A run stopped by ``train.time_limit_s`` exits 0 and
 prints the command that continues it. ``python -m assignment.trainer`` is the same command, and
 either runs data-parallel under ``accelerate launch`` (README, "More GPUs").
 """

@@ -139,7 +139,8 @@ def reference_model(lm: PreTrainedModel, dtype: torch.dtype | None = None) -> Pr
     Each parameter is cast as it is copied, so the float32 copy never exists whole: with a 7B
     model's bfloat16 reference, the build holds 30.5 + 15.2 GB instead of 2 x 30.5 GB. A
     parameter that two modules share (tied embeddings) stays one."""
-    memo = {} if dtype is None else {id(param): torch.nn.Parameter(param.detach().to(dtype), requires_grad=False)
+    # copy=True: a dtype the parameter already has would otherwise give back its own storage
+    memo = {} if dtype is None else {id(param): torch.nn.Parameter(param.detach().to(dtype, copy=True), requires_grad=False)
                                      for param in lm.parameters()}
     return copy.deepcopy(lm, memo).eval().requires_grad_(False)
 

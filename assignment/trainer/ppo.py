@@ -261,22 +261,29 @@ def gradient_sync(model: torch.nn.Module, sync: bool) -> Iterator[None]:
         yield
 
 
+def fsdp_param_groups(state: Any) -> list[Any]:
+    """An FSDP2 module state's parameter groups: torch 2.13's list ``_fsdp_param_groups``, or torch
+    2.11's one optional ``_fsdp_param_group``. Raises RuntimeError for a torch with neither, rather
+    than leave gradients behind unnoticed."""
+    if hasattr(state, "_fsdp_param_groups"):
+        return list(state._fsdp_param_groups)
+    if hasattr(state, "_fsdp_param_group"):
+        return [] if state._fsdp_param_group is None else [state._fsdp_param_group]
+    raise RuntimeError(f"this torch ({torch.__version__}) keeps FSDP2's parameter groups where the trainer does not "
+                       "look (ppo.fsdp_param_groups); the trainer's FSDP runs with torch 2.11 to 2.13")
+
+
 def drop_local_gradients(model: torch.nn.Module) -> None:
     """Discard the gradients a backward under ``gradient_sync(model, False)`` left unreduced: an
     update stopped early inside an accumulation cycle. DDP keeps them in ``.grad``, which
     ``optimizer.zero_grad`` clears; FSDP2 keeps them on its unsharded parameters, out of the
     optimizer's reach, and would add them into the next reduction (the next step's). FSDP2 has no
-    public call for it (torch 2.13): this clears the fields its ``post_backward`` reduces from.
-    torch 2.11 keeps one optional parameter group per module (``_fsdp_param_group``), 2.13 a list."""
+    public call for it (torch 2.13): this clears the fields its ``post_backward`` reduces from."""
     if not isinstance(model, FSDPModule):
         return
     for module in model.modules():
         if isinstance(module, FSDPModule):
-            state = module._get_fsdp_state()
-            groups = getattr(state, "_fsdp_param_groups", None)
-            if groups is None:
-                groups = [state._fsdp_param_group] if getattr(state, "_fsdp_param_group", None) is not None else []
-            for group in groups:
+            for group in fsdp_param_groups(module._get_fsdp_state()):
                 for param in group.fsdp_params:
                     if hasattr(param, "_unsharded_param"):
                         param._unsharded_param.grad = None
