@@ -39,7 +39,8 @@ OUT_OF_MEMORY_ADVICE = (
     "configs/gsm8k_qwen_coder_24gb.yaml or configs/gsm8k_qwen_coder_16gb.yaml (README, 'Which GPU'); "
     "otherwise fewer rows at a time (ppo.process_minibatch_size, rollout.forward_batch_size, eval.batch_size); "
     "a model whose weights, gradients and AdamW state do not fit one card needs FSDP "
-    "(configs/accelerate/fsdp.yaml). The run folder keeps what was saved: --resume continues from its last checkpoint, if it has one.")
+    "(configs/accelerate/fsdp.yaml). The run folder keeps what was saved: --resume continues from its "
+    "last checkpoint, if it has one.")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -594,8 +594,8 @@ def run_steps(run: Run, cfg: Config, impl: ModuleType, on_step: Callable[[int, d
     if eval_due(cfg, run.start_step):
         run_eval(run, cfg, run.start_step)
     with collection_at_step_start():
-        steps = tqdm(range(run.start_step + 1, cfg.train.steps + 1), desc=f"{ALGORITHM_NAMES[cfg.algorithm]} steps", initial=run.start_step,
-                     total=cfg.train.steps, disable=not cfg.train.progress)
+        steps = tqdm(range(run.start_step + 1, cfg.train.steps + 1), desc=f"{ALGORITHM_NAMES[cfg.algorithm]} steps",
+                     initial=run.start_step, total=cfg.train.steps, disable=not cfg.train.progress)
         for step in steps:
             started = time.time()
             metrics, samples = ppo_step(run, cfg, impl, step)
