@@ -1,0 +1,47 @@
+"""What the tests of committed GSM8K runs share: a report folder re-scored from its per-problem
+evaluations, and its config.yaml against the shipped config it claims to have run."""
+
+import json
+from pathlib import Path
+
+import yaml
+from omegaconf import OmegaConf
+
+from assignment.trainer.config import load_config
+from assignment.trainer.runlog import read_jsonl
+from assignment.trainer.stats import McNemar, mcnemar_exact
+
+# Where the run was, not what it computed: the device's paths and how the run was split into calls.
+RUN_CONTROL = {"train.output_dir", "train.time_limit_s", "train.final_checkpoint", "model.name", "model.gguf_file",
+               "data.local_dir"}
+
+
+def flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+    return out
+
+
+def rescored(folder: Path) -> tuple[McNemar, dict]:
+    """The exact McNemar test of the folder's greedy evaluations before and after (all 1319
+    problems, the same questions in the same order), checked against its summary.json; and that
+    summary."""
+    before, after = read_jsonl(folder / "eval_before.jsonl"), read_jsonl(folder / "eval_after.jsonl")
+    assert len(before) == len(after) == 1319 and all(b["question"] == a["question"] for b, a in zip(before, after))
+    test = mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after])
+    summary = json.loads((folder / "summary.json").read_text())
+    assert (summary["improved"], summary["regressed"], summary["mcnemar_p"]) == (test.c, test.b, test.p_value)
+    assert (summary["accuracy_before"], summary["accuracy_after"]) == (test.before / 1319, test.after / 1319)
+    return test, summary
+
+
+def changed_keys(folder: Path, config: str, monkeypatch) -> tuple[set[str], dict]:
+    """The keys whose value in the folder's config.yaml differs from the shipped ``config``'s (read
+    without the device's environment), after checking both have the same keys; and the run's values."""
+    for name in ("MODEL_DIR", "MODEL_GGUF", "GSM8K_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    ran = flat(yaml.safe_load((folder / "config.yaml").read_text()))
+    shipped = flat(OmegaConf.to_container(OmegaConf.structured(load_config(config))))
+    assert ran.keys() == shipped.keys()
+    return {k for k in ran if ran[k] != shipped[k]}, ran
