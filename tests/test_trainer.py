@@ -1105,9 +1105,9 @@ def test_the_garbage_collector_runs_only_at_each_step_start_and_is_restored(tmp_
     assert loop.gc.get_freeze_count() == 0
 
 
-def test_adamw_is_torchs_default_on_cpu_and_fused_only_for_cuda_tensors():
-    """On CPU (and for FSDP's DTensors) torch picks its implementation: fused=None, never False,
-    which torch reads as the slow per-tensor loop."""
+def test_adamw_leaves_the_implementation_to_torch_on_cpu():
+    """On CPU (as for FSDP's DTensors) torch picks its implementation: fused=None, never False,
+    which torch reads as the slow per-tensor loop. (The fused branch needs CUDA: not tested here.)"""
     policy = PolicyWithValueHead(tiny_llama(vocab_size=16, hidden_size=8, num_layers=1))
     optimizer = loop.build_optimizer(policy, load_config(None, []).ppo)
     assert optimizer.defaults["fused"] is None
