@@ -213,3 +213,22 @@ def test_compare_tables_refuse_to_pair_runs_on_different_problems(tmp_path):
     (b / "eval_after.jsonl").write_text(after)
     (b / "eval_before.jsonl").write_text((b / "eval_before.jsonl").read_text().replace('"q3"', '"other"'))
     assert "| a (grpo) | b (grpo) | not the same problems | | |" in compare_tables([a, b]).splitlines()
+
+
+def test_a_data_parallel_run_names_its_processes(reported, tmp_path):
+    """run.json records the trainer's own command, not the ``accelerate launch`` around it: the
+    report says how many processes ran, and whose card the memory figure is (process 0 logs)."""
+    run = tmp_path / "run"
+    shutil.copytree(reported[0], run)
+    runs = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps([{**r, "world_size": 4} for r in runs]))
+    out = tmp_path / "dp.md"
+    assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
+    text = out.read_text()
+    device = runs[0]["device"]
+    assert f"**Card: 4 processes (accelerate launch), one {device} each.**" in text
+    assert f"`: 4 processes (accelerate launch), one {device} each, torch" in text
+    assert "| peak GPU memory (torch allocator, process 0), training step / evaluation |" in text
+    assert json.loads((tmp_path / "dp" / "summary.json").read_text())["world_size"] == 4
+    single = reported[1].read_text()
+    assert f"**Card: {device}.**" in single and "process 0" not in single

@@ -142,6 +142,20 @@ def test_the_multi_gpu_page_and_the_readme_carry_the_committed_files_table():
 
 
 LEASE = REPORT.parent / "h200_lease1"
+SECOND = REPORT.parent / "h200_lease2"  # the current code again: DDP only (the lease ended in FSDP 2)
+LAUNCH_LABELS = (("single_1", "single"), ("ddp_2", "DDP 2"), ("ddp_4", "DDP 4"), ("fsdp_2", "FSDP 2"),
+                 ("fsdp_4", "FSDP 4"))
+
+
+def launch_rows(lease: Path, labels) -> list[str]:
+    """The page's per-launch rows: medians of rollout s, update s and response length over the
+    steps after the first, from each launch's metrics.jsonl."""
+    median, rows = statistics.median, []
+    for folder, label in labels:
+        steps = read_jsonl(lease / "launches" / folder / "metrics.jsonl")[1:]
+        rollout, update = median(m["time/rollout"] for m in steps), median(m["time/update"] for m in steps)
+        rows.append(f"| {label} | {rollout:.2f} | {update:.2f} | {median(m['rollout/response_length'] for m in steps):.0f} |")
+    return rows
 
 
 @pytest.mark.skipif(not LEASE.is_dir(), reason="the first lease's files are not committed")
@@ -151,12 +165,8 @@ def test_the_multi_gpu_pages_other_tables_and_the_7b_figures_are_the_files():
     the first)."""
     page = (REPORT.parents[1] / "multi_gpu.md").read_text()
     median = statistics.median
-    for folder, label in (("single_1", "single"), ("ddp_2", "DDP 2"), ("ddp_4", "DDP 4"), ("fsdp_2", "FSDP 2"),
-                          ("fsdp_4", "FSDP 4")):
-        steps = read_jsonl(LEASE / "launches" / folder / "metrics.jsonl")[1:]
-        rollout, update = median(m["time/rollout"] for m in steps), median(m["time/update"] for m in steps)
-        length = median(m["rollout/response_length"] for m in steps)
-        assert f"| {label} | {rollout:.2f} | {update:.2f} | {length:.0f} |" in page, label
+    for row in launch_rows(LEASE, LAUNCH_LABELS):
+        assert row in page, row
     for rows, label in ((256, "256 (one GPU)"), (128, "128 (a process of DDP 2)"), (64, "64 (a process of DDP 4)")):
         steps = json.loads((LEASE / "per_process" / f"pp{rows}.json").read_text())["steps"][1:]
         m = {key: median(s[key] for s in steps) for key in ("generate_s", "policy_forward_s", "reference_forward_s",
@@ -167,3 +177,17 @@ def test_the_multi_gpu_pages_other_tables_and_the_7b_figures_are_the_files():
     assert f"**{median(m['time/rollout'] + m['time/update'] for m in steps):.2f} s**" in page
     assert f"**{max(m['memory/peak_memory_gib'] for m in steps):.1f} GiB**" in page
     assert f"reserved {max(m['memory/peak_reserved_gib'] for m in steps):.1f} GiB" in page
+
+
+@pytest.mark.skipif(not SECOND.is_dir(), reason="the second lease's files are not committed")
+def test_the_second_lease_tables_are_its_files():
+    """The current code measured again: its scaling table and per-launch medians on the page, all
+    three launches that finished (the cut-off FSDP 2 launch has fewer than 6 measured steps)."""
+    page = (REPORT.parents[1] / "multi_gpu.md").read_text()
+    records = scaling.read(SECOND / "scaling.json")
+    assert [(r["launch"], r["gpus"]) for r in records] == [("single", 1), ("ddp", 2), ("ddp", 4)]
+    assert scaling.table(records) in page
+    table = page[page.index("| launch (second lease) |"):]
+    for row in launch_rows(SECOND, LAUNCH_LABELS[:3]):
+        assert row in table.split("\n\n")[0], row
+    assert len(read_jsonl(SECOND / "launches" / "fsdp_2" / "metrics.jsonl")) < 7

@@ -116,7 +116,8 @@ def summarize(run_dir: Path, staging_seconds: float | None = None, pair: tuple |
     first, last = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
     seconds = _wall_time(runs, staging_seconds)
     return {
-        "card": " / ".join(dict.fromkeys(r["device"] for r in runs)), "algorithm": cfg.algorithm, "n": test.n, "n_planned": planned,
+        "card": " / ".join(dict.fromkeys(_machine(r) for r in runs)),
+        "world_size": max(r.get("world_size", 1) for r in runs), "algorithm": cfg.algorithm, "n": test.n, "n_planned": planned,
         "steps": len(metrics), "eval_steps": [step_before, step_after],
         "accuracy_before": fig_before["accuracy"], "accuracy_after": fig_after["accuracy"],
         "improved": test.c, "regressed": test.b, "mcnemar_p": test.p_value,
@@ -158,8 +159,15 @@ def _invocation_line(run: dict) -> str:
         time_text = f"wall time {run['seconds']:.0f} s" + (f", {status}" if status else "")
     parts = [f"{run[k]:.0f} s {k.removesuffix('_seconds')}" for k in ("train_seconds", "eval_seconds") if k in run]
     detail = f" ({', '.join(parts)})" if parts else ""
-    return (f"- `{run['command']}`{' (resumed)' if run['resume'] else ''}: {run['device']}, torch {run['torch']}, "
+    return (f"- `{run['command']}`{' (resumed)' if run['resume'] else ''}: {_machine(run)}, torch {run['torch']}, "
             f"transformers {run['transformers']}, started {run['started']}, {time_text}{detail}")
+
+
+def _machine(run: dict) -> str:
+    """The card, and for a data-parallel job the number of processes (one per card): the command
+    recorded is the trainer's own, without the ``accelerate launch`` around it."""
+    n = run.get("world_size", 1)  # run.json of runs before world_size was recorded: one process
+    return run["device"] if n == 1 else f"{n} processes (accelerate launch), one {run['device']} each"
 
 
 def _headline(summary: dict, run_dir: Path) -> list[str]:
@@ -183,7 +191,8 @@ def _headline(summary: dict, run_dir: Path) -> list[str]:
             f"| KL to the reference (nats/sequence), last step / max | {s['kl_final']:.2f} / {s['kl_max']:.2f}; {target}, "
             f"coefficient {_num(budget['coeff_start'], 4)} -> {_num(budget['coeff_end'], 4)} |",
             f"| updates stopped early (target_kl) / skipped (no reward spread) | {s['early_stops']} / {s['skipped_updates']} of {s['steps']} |",
-            f"| peak GPU memory (torch allocator), training step / evaluation | {_num(s['peak_memory_gib_step'])} GiB / "
+            f"| peak GPU memory (torch allocator{', process 0' if s.get('world_size', 1) > 1 else ''}), training step / "
+            f"evaluation | {_num(s['peak_memory_gib_step'])} GiB / "
             f"{_num(s['peak_memory_gib_eval'])} GiB{_cap(s)} |",
             f"| seconds per PPO step (median of rollout + update) | {s['seconds_per_step_median']:.1f} |",
             f"| wall time | staging {staging}; training {t['training']:.0f} s; evaluation {t['evaluation']:.0f} s; "
