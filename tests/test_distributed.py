@@ -19,7 +19,7 @@ import torch
 
 from assignment.trainer import cli
 from assignment.trainer.config import ConfigError, load_config
-from assignment.trainer.distributed import Distributed, WorldSizeError
+from assignment.trainer.distributed import Distributed, WorldSizeError, process_seed
 from assignment.trainer.loading import build_models, load_tokenizer
 from assignment.trainer.ppo import process_minibatches
 from assignment.trainer.runlog import read_jsonl
@@ -324,3 +324,11 @@ def test_fsdp_param_groups_reads_torch_2_11_and_2_13_and_refuses_anything_else()
     assert fsdp_param_groups(SimpleNamespace(_fsdp_param_group=None)) == []
     with pytest.raises(RuntimeError, match="FSDP2's parameter groups"):
         fsdp_param_groups(SimpleNamespace())
+
+
+def test_every_process_of_every_seed_draws_its_own_stream():
+    """Process 0 keeps the run's seed (one process draws as before); no (seed, rank) pair shares a
+    seed with another: seed + rank gave seed 1's process 0 the stream of seed 0's process 1."""
+    seeds = {(seed, rank): process_seed(seed, rank) for seed in range(100) for rank in range(8)}
+    assert all(seeds[seed, 0] == seed for seed in range(100))
+    assert len(set(seeds.values())) == len(seeds)

@@ -226,9 +226,15 @@ def test_a_data_parallel_run_names_its_processes(reported, tmp_path):
     assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
     text = out.read_text()
     device = runs[0]["device"]
-    assert f"**Card: 4 processes (accelerate launch), one {device} each.**" in text
-    assert f"`: 4 processes (accelerate launch), one {device} each, torch" in text
+    assert f"**Card: 4 data-parallel processes, one {device} each.**" in text
+    assert f"`: 4 data-parallel processes, one {device} each, torch" in text
     assert "| peak GPU memory (torch allocator, process 0), training step / evaluation |" in text
-    assert json.loads((tmp_path / "dp" / "summary.json").read_text())["world_size"] == 4
+    summary = json.loads((tmp_path / "dp" / "summary.json").read_text())
+    assert (summary["card"], summary["world_size"]) == (device, 4)
     single = reported[1].read_text()
     assert f"**Card: {device}.**" in single and "process 0" not in single
+    # A run.json from before world_size was recorded: one process.
+    (run / "run.json").write_text(json.dumps([{k: v for k, v in r.items() if k != "world_size"} for r in runs]))
+    assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
+    assert f"**Card: {device}.**" in out.read_text()
+    assert json.loads((tmp_path / "dp" / "summary.json").read_text())["world_size"] == 1

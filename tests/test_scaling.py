@@ -165,8 +165,9 @@ def test_the_multi_gpu_pages_other_tables_and_the_7b_figures_are_the_files():
     the first)."""
     page = (REPORT.parents[1] / "multi_gpu.md").read_text()
     median = statistics.median
+    first_table = page[:page.index("| launch (second lease) |")] if SECOND.is_dir() else page
     for row in launch_rows(LEASE, LAUNCH_LABELS):
-        assert row in page, row
+        assert row in first_table, row
     for rows, label in ((256, "256 (one GPU)"), (128, "128 (a process of DDP 2)"), (64, "64 (a process of DDP 4)")):
         steps = json.loads((LEASE / "per_process" / f"pp{rows}.json").read_text())["steps"][1:]
         m = {key: median(s[key] for s in steps) for key in ("generate_s", "policy_forward_s", "reference_forward_s",
@@ -180,14 +181,27 @@ def test_the_multi_gpu_pages_other_tables_and_the_7b_figures_are_the_files():
 
 
 @pytest.mark.skipif(not SECOND.is_dir(), reason="the second lease's files are not committed")
-def test_the_second_lease_tables_are_its_files():
-    """The current code measured again: its scaling table and per-launch medians on the page, all
-    three launches that finished (the cut-off FSDP 2 launch has fewer than 6 measured steps)."""
+def test_the_second_lease_tables_and_figures_are_its_files():
+    """The current code measured again: its scaling table, per-launch medians and the figures the
+    page and the README draw from them, against the first lease's (all three launches that
+    finished; the cut-off FSDP 2 launch has no record)."""
     page = (REPORT.parents[1] / "multi_gpu.md").read_text()
     records = scaling.read(SECOND / "scaling.json")
     assert [(r["launch"], r["gpus"]) for r in records] == [("single", 1), ("ddp", 2), ("ddp", 4)]
     assert scaling.table(records) in page
-    table = page[page.index("| launch (second lease) |"):]
+    table = page[page.index("| launch (second lease) |"):].split("\n\n")[0]
     for row in launch_rows(SECOND, LAUNCH_LABELS[:3]):
-        assert row in table.split("\n\n")[0], row
-    assert len(read_jsonl(SECOND / "launches" / "fsdp_2" / "metrics.jsonl")) < 7
+        assert row in table, row
+    measured = len(read_jsonl(SECOND / "launches" / "fsdp_2" / "metrics.jsonl")) - 1
+    assert f"({measured} of its 6 measured steps done: no record)" in page
+    now = {(g, round(e, 3)) for _, g, _, e in scaling.efficiencies(records)}
+    before = {(g, round(e, 3)) for launch, g, _, e in scaling.efficiencies(scaling.read(REPORT)) if launch == "ddp"}
+    (e2, e4), (b2, b4) = (e for _, e in sorted(now)), (e for _, e in sorted(before))
+    text, readme = " ".join(page.split()), " ".join((ROOT / "README.md").read_text().split())
+    assert f"({e2:.3f} against {b2:.3f} on 2 GPUs, {e4:.3f} against {b4:.3f} on 4)" in text
+    assert f"by {0.90 - e2:.3f} and {0.75 - e4:.3f} here" in text
+    assert f"DDP reaches {e2:.3f} and {e4:.3f}, still short of 0.90 and 0.75 (by {0.90 - e2:.3f} and {0.75 - e4:.3f}" in readme
+    updates = [statistics.median(m["time/update"] for m in read_jsonl(lease / "launches" / folder / "metrics.jsonl")[1:])
+               for lease in (SECOND, LEASE) for folder, _ in LAUNCH_LABELS[:3]]
+    gains = [old - new for new, old in zip(updates[:3], updates[3:])]
+    assert "by " + ", ".join(f"{g:.2f}" for g in gains[:2]) + f" and {gains[2]:.2f} s" in text

@@ -48,6 +48,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Sequence, TypeVar
 
+import numpy as np
 import torch
 from accelerate import PartialState
 from accelerate.utils import DistributedType, parse_flag_from_env, broadcast_object_list, gather, gather_object, pad_across_processes
@@ -267,6 +268,14 @@ class Distributed:
             raise WorldSizeError(f"the checkpoint was written {'with' if state.get('fsdp') else 'without'} FSDP: "
                                  "resume with the accelerate config it was started with")
         checkpoint.set_rng_state(state["rng_ranks"][self.rank] if self.active else state["rng"])
+
+
+def process_seed(seed: int, rank: int) -> int:
+    """The RNG seed of process ``rank`` of a job run with ``train.seed`` = ``seed``: ``seed`` itself on
+    process 0 (a one-process run draws as it always did), and on the others a draw of numpy's
+    SeedSequence of (seed, rank), so that no two (seed, rank) pairs share a stream: ``seed + rank``
+    made seed 1's process 0 sample as seed 0's process 1."""
+    return seed if rank == 0 else int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
 def shard_policy(policy: torch.nn.Module) -> torch.nn.Module:

@@ -53,8 +53,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 from assignment.model import PolicyWithValueHead
 from assignment.trainer import checkpoint, grpo
 from assignment.trainer.config import ALGORITHM_NAMES, Config, ConfigError, PPOConfig, RewardConfig, to_yaml
-from assignment.trainer.distributed import (Distributed, NullLogger, NullProgress, sharded_eval_batches,
-                                           whole_rollout)
+from assignment.trainer.distributed import (Distributed, NullLogger, NullProgress, process_seed,
+                                           sharded_eval_batches, whole_rollout)
 from assignment.trainer.data import Curriculum, Problem, load_problems, training_batch
 from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.impl import ImplError
@@ -244,7 +244,7 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
                               num_training_steps=optimizer_steps(cfg))
     kl_ctl, curriculum = KLController(cfg.kl), Curriculum(cfg.data)
     if dist.rank:  # the same weights everywhere (seeded above), but each process samples its own responses
-        seed_everything(cfg.train.seed + dist.rank)
+        seed_everything(process_seed(cfg.train.seed, dist.rank))
     start_step = restore(out, policy, optimizer, scheduler, kl_ctl, curriculum, dist) if resume else 0
     logger = RunLogger(out, cfg, start_step) if dist.is_main else NullLogger()
     return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,

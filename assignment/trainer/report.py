@@ -116,8 +116,8 @@ def summarize(run_dir: Path, staging_seconds: float | None = None, pair: tuple |
     first, last = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
     seconds = _wall_time(runs, staging_seconds)
     return {
-        "card": " / ".join(dict.fromkeys(_machine(r) for r in runs)),
-        "world_size": max(r.get("world_size", 1) for r in runs), "algorithm": cfg.algorithm, "n": test.n, "n_planned": planned,
+        "card": " / ".join(dict.fromkeys(r["device"] for r in runs)),
+        "world_size": max(_world_size(r) for r in runs), "algorithm": cfg.algorithm, "n": test.n, "n_planned": planned,
         "steps": len(metrics), "eval_steps": [step_before, step_after],
         "accuracy_before": fig_before["accuracy"], "accuracy_after": fig_after["accuracy"],
         "improved": test.c, "regressed": test.b, "mcnemar_p": test.p_value,
@@ -159,15 +159,20 @@ def _invocation_line(run: dict) -> str:
         time_text = f"wall time {run['seconds']:.0f} s" + (f", {status}" if status else "")
     parts = [f"{run[k]:.0f} s {k.removesuffix('_seconds')}" for k in ("train_seconds", "eval_seconds") if k in run]
     detail = f" ({', '.join(parts)})" if parts else ""
-    return (f"- `{run['command']}`{' (resumed)' if run['resume'] else ''}: {_machine(run)}, torch {run['torch']}, "
+    machine = _machine(run["device"], _world_size(run))
+    return (f"- `{run['command']}`{' (resumed)' if run['resume'] else ''}: {machine}, torch {run['torch']}, "
             f"transformers {run['transformers']}, started {run['started']}, {time_text}{detail}")
 
 
-def _machine(run: dict) -> str:
-    """The card, and for a data-parallel job the number of processes (one per card): the command
-    recorded is the trainer's own, without the ``accelerate launch`` around it."""
-    n = run.get("world_size", 1)  # run.json of runs before world_size was recorded: one process
-    return run["device"] if n == 1 else f"{n} processes (accelerate launch), one {run['device']} each"
+def _world_size(run: dict) -> int:
+    """The processes of one invocation (a run.json written before world_size was recorded: 1)."""
+    return run.get("world_size", 1)
+
+
+def _machine(card: str, world_size: int) -> str:
+    """The card, and for a data-parallel job its processes, one per card (run.json's command is the
+    trainer's own, without the launcher around it)."""
+    return card if world_size == 1 else f"{world_size} data-parallel processes, one {card} each"
 
 
 def _headline(summary: dict, run_dir: Path) -> list[str]:
@@ -179,7 +184,7 @@ def _headline(summary: dict, run_dir: Path) -> list[str]:
     missing = (f" ({t['invocations_without_time']} invocation(s) recorded no time: the sum misses them)"
                if t["invocations_without_time"] else "")
     algorithm = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO"}[s.get("algorithm", "ppo")]
-    return [f"# {algorithm} run report: {run_dir.name}", "", f"**Card: {s['card']}.** Every figure below is computed from the "
+    return [f"# {algorithm} run report: {run_dir.name}", "", f"**Card: {_machine(s['card'], s['world_size'])}.** Every figure below is computed from the "
             "files of the folder beside this report (`summary.json` lists them).", "",
             "| figure | value |", "|---|---|",
             f"| greedy accuracy, {_problems(s)} | {s['accuracy_before']:.4f} -> {s['accuracy_after']:.4f} "
@@ -191,7 +196,7 @@ def _headline(summary: dict, run_dir: Path) -> list[str]:
             f"| KL to the reference (nats/sequence), last step / max | {s['kl_final']:.2f} / {s['kl_max']:.2f}; {target}, "
             f"coefficient {_num(budget['coeff_start'], 4)} -> {_num(budget['coeff_end'], 4)} |",
             f"| updates stopped early (target_kl) / skipped (no reward spread) | {s['early_stops']} / {s['skipped_updates']} of {s['steps']} |",
-            f"| peak GPU memory (torch allocator{', process 0' if s.get('world_size', 1) > 1 else ''}), training step / "
+            f"| peak GPU memory (torch allocator{', process 0' if s['world_size'] > 1 else ''}), training step / "
             f"evaluation | {_num(s['peak_memory_gib_step'])} GiB / "
             f"{_num(s['peak_memory_gib_eval'])} GiB{_cap(s)} |",
             f"| seconds per PPO step (median of rollout + update) | {s['seconds_per_step_median']:.1f} |",
