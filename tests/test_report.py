@@ -238,3 +238,40 @@ def test_a_data_parallel_run_names_its_processes(reported, tmp_path):
     assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
     assert f"**Card: {device}.**" in out.read_text()
     assert json.loads((tmp_path / "dp" / "summary.json").read_text())["world_size"] == 1
+
+
+def test_an_evaluation_between_the_first_and_last_is_tabled_paired_and_kept(reported, tmp_path, capsys):
+    """A run with ``eval.every`` evaluates during training too: the report tables each such
+    evaluation between before and after, pairs it with both (exact McNemar), and its folder keeps
+    the records as eval_step_N.jsonl. Here step 1's evaluation is step 0's records with the first
+    two outcomes flipped, so every paired figure is known."""
+    run = tmp_path / "run"
+    shutil.copytree(reported[0], run)
+    evals = read_jsonl(run / "eval.jsonl")
+    middle = read_jsonl(run / "eval_samples" / "step_0.jsonl")
+    for record in middle[:2]:
+        record["correct"] = not record["correct"]
+    (run / "eval_samples" / "step_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in middle))
+    (run / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [evals[0], {**evals[0], "step": 1}, *evals[1:]]))
+    out = tmp_path / "long.md"
+    assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
+    bundle = tmp_path / "long"
+    kept = read_jsonl(bundle / "eval_step_1.jsonl")
+    assert kept == middle
+    before, after = read_jsonl(bundle / "eval_before.jsonl"), read_jsonl(bundle / "eval_after.jsonl")
+    [between] = json.loads((bundle / "summary.json").read_text())["evals_between"]
+    gained = sum(not r["correct"] for r in before[:2])  # flipped from wrong to right
+    assert (between["step"], between["accuracy"]) == (1, sum(r["correct"] for r in middle) / 6)
+    assert (between["from_before"]["improved"], between["from_before"]["regressed"]) == (gained, 2 - gained)
+    to_after = [(m["correct"], a["correct"]) for m, a in zip(middle, after)]
+    assert (between["to_after"]["improved"], between["to_after"]["regressed"]) == (to_after.count((False, True)),
+                                                                                   to_after.count((True, False)))
+    text = out.read_text()
+    assert f"| during | 1 | 6 | {between['accuracy']:.4f} |" in text
+    assert f"Step 1, paired the same way: from step 0, {gained} improved, {2 - gained} regressed" in text
+    # A middle evaluation of other problems cannot be paired: said in one line, not reported wrong.
+    middle[0]["question"] = "another problem"
+    (run / "eval_samples" / "step_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in middle))
+    assert cli.main(["--report", str(run), "--report-out", str(tmp_path / "other.md")]) == 2
+    assert "the evaluations at steps 0 and 1 are not the same problems" in capsys.readouterr().err
+    assert not (tmp_path / "other.md").exists()

@@ -31,9 +31,11 @@ from assignment.trainer.distributed import Distributed, WorldSizeError
 from assignment.trainer.impl import ImplError, load_impl
 from assignment.trainer.loading import ModelError
 from assignment.trainer.loop import TIME_LIMIT, RunDirError, RunResult, train
+from assignment.trainer.report import ReportError
 from assignment.trainer.runlog import REWARD_WINDOW
 
-USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError, WorldSizeError)
+USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError, WorldSizeError,
+               ReportError)
 OUT_OF_MEMORY_ADVICE = (
     "The config asks more of this card than it has. For the Qwen recipe on a 24 or 16 GB card: "
     "configs/gsm8k_qwen_coder_24gb.yaml or configs/gsm8k_qwen_coder_16gb.yaml (README, 'Which GPU'); "

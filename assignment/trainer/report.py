@@ -7,7 +7,9 @@ steps), the reward curve (``OUT.png``), greedy evaluation before and after train
 with the exact McNemar test on the paired outcomes, and samples of problems that improved,
 regressed and stayed the same. The folder ``OUT`` holds ``summary.json`` (every headline figure),
 ``eval_before.jsonl`` and ``eval_after.jsonl`` (one record per problem: question, reference,
-response, answer, correct, ...), ``metrics.jsonl``, ``config.yaml`` and ``run.json``: each
+response, answer, correct, ...), ``eval_step_N.jsonl`` for each evaluation between them
+(``eval.every``: a longer run's earlier model, tabled beside the first and the last and paired
+with both), ``metrics.jsonl``, ``config.yaml`` and ``run.json``: each
 figure of the summary can be recomputed from these files (``summarize``). When the final
 evaluation was stopped unfinished, both evaluation files hold the problems it reached, in
 order, and ``eval_before_all.jsonl`` the whole first evaluation.
@@ -42,6 +44,10 @@ TRAINING_KEYS = ["rollout/reward_mean", "rollout/correct_rate", "rollout/format_
 BUNDLE_FILES = ("metrics.jsonl", "config.yaml", "run.json")
 
 
+class ReportError(ValueError):
+    """A run folder whose evaluations cannot be paired: the CLI prints it, without a traceback."""
+
+
 def _mean(rows: list[dict], key: str) -> float:
     values = [r[key] for r in rows if key in r]
     return sum(values) / len(values) if values else float("nan")
@@ -74,8 +80,26 @@ def eval_pair(run_dir: Path) -> tuple[list[dict], list[dict], int, int, int]:
     before, after = (read_jsonl(eval_records_path(run_dir, step)) for step in (steps[0], last))
     planned = len(before)
     if [r["question"] for r in after] != [r["question"] for r in before[:len(after)]]:
-        raise ValueError(f"{run_dir}: the evaluations at steps {steps[0]} and {last} are not the same problems")
+        raise ReportError(f"{run_dir}: the evaluations at steps {steps[0]} and {last} are not the same problems")
     return before[:len(after)], after, steps[0], last, planned
+
+
+def evals_between(run_dir: Path, before: list[dict], step_before: int, step_after: int) -> dict[int, list[dict]]:
+    """The per-problem records of each finished evaluation strictly between the steps of
+    ``eval_pair``, cut to the problems of its ``before``: {step: records}."""
+    between = {}
+    for step in (e["step"] for e in read_jsonl(run_dir / EVALS)):
+        if step_before < step < step_after:
+            records = read_jsonl(eval_records_path(run_dir, step))[:len(before)]
+            if [r["question"] for r in records] != [r["question"] for r in before]:
+                raise ReportError(f"{run_dir}: the evaluations at steps {step_before} and {step} are not the same problems")
+            between[step] = records
+    return between
+
+
+def _paired(old: list[dict], new: list[dict]) -> dict[str, Any]:
+    test = mcnemar_exact([r["correct"] for r in old], [r["correct"] for r in new])
+    return {"improved": test.c, "regressed": test.b, "mcnemar_p": test.p_value}
 
 
 def _eval_figures(records: list[dict]) -> dict[str, Any]:
@@ -115,12 +139,15 @@ def summarize(run_dir: Path, staging_seconds: float | None = None, pair: tuple |
     fig_before, fig_after = _eval_figures(before), _eval_figures(after)
     first, last = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
     seconds = _wall_time(runs, staging_seconds)
+    between = [{"step": step, **_eval_figures(records), "from_before": _paired(before, records),
+                "to_after": _paired(records, after)}
+               for step, records in evals_between(run_dir, before, step_before, step_after).items()]
     return {
         "card": " / ".join(dict.fromkeys(r["device"] for r in runs)),
         "world_size": max(_world_size(r) for r in runs), "algorithm": cfg.algorithm, "n": test.n, "n_planned": planned,
         "steps": len(metrics), "eval_steps": [step_before, step_after],
         "accuracy_before": fig_before["accuracy"], "accuracy_after": fig_after["accuracy"],
-        "improved": test.c, "regressed": test.b, "mcnemar_p": test.p_value,
+        "improved": test.c, "regressed": test.b, "mcnemar_p": test.p_value, "evals_between": between,
         "answer_rate_before": fig_before["answer_rate"], "answer_rate_after": fig_after["answer_rate"],
         "boxed_rate_before": fig_before["boxed_rate"], "boxed_rate_after": fig_after["boxed_rate"],
         "finished_rate_before": fig_before["finished_rate"], "finished_rate_after": fig_after["finished_rate"],
@@ -263,13 +290,22 @@ def _findings(s: dict) -> list[str]:
 def _eval_section(summary: dict, before: list[dict], after: list[dict], steps: tuple[int, int]) -> list[str]:
     lines = [f"## Greedy evaluation (answers read as the reward reads them: {summary['answer_format']})", "",
              "| | step | n | accuracy | answer rate | response length |", "|---|---|---|---|---|---|"]
-    for name, step, key in (("before", steps[0], "before"), ("after", steps[1], "after")):
-        lines.append(f"| {name} | {step} | {summary['n']} | {summary[f'accuracy_{key}']:.4f} | "
-                     f"{summary[f'answer_rate_{key}']:.4f} | {_num(summary[f'response_length_{key}'])} |")
+    rows = [("before", steps[0], summary["accuracy_before"], summary["answer_rate_before"], summary["response_length_before"])]
+    rows += [("during", e["step"], e["accuracy"], e["answer_rate"], e["response_length"]) for e in summary["evals_between"]]
+    rows += [("after", steps[1], summary["accuracy_after"], summary["answer_rate_after"], summary["response_length_after"])]
+    lines += [f"| {name} | {step} | {summary['n']} | {accuracy:.4f} | {answers:.4f} | {_num(length)} |"
+              for name, step, accuracy, answers, length in rows]
     lines += ["", f"Exact McNemar test on the {summary['n']} paired outcomes: {summary['improved']} improved, "
               f"{summary['regressed']} regressed, two-sided p = {summary['mcnemar_p']:.3g} (binomial test of the "
               "discordant pairs; the same problems before and after).", ""]
+    for e in summary["evals_between"]:
+        lines += [f"Step {e['step']}, paired the same way: from step {steps[0]}, {_pair_text(e['from_before'])}; "
+                  f"to step {steps[1]}, {_pair_text(e['to_after'])}.", ""]
     return lines + _samples(before, after)
+
+
+def _pair_text(pair: dict) -> str:
+    return f"{pair['improved']} improved, {pair['regressed']} regressed, p = {pair['mcnemar_p']:.3g}"
 
 
 def _samples(before: list[dict], after: list[dict], per_kind: int = 2) -> list[str]:
@@ -302,7 +338,8 @@ def render(run_dir: Path, image_name: str, summary: dict, pair: tuple) -> str:
 def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float | None = None) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.md``), the reward-curve
     PNG beside it, and the folder ``out`` without its suffix: summary.json, eval_before.jsonl,
-    eval_after.jsonl, metrics.jsonl, config.yaml, run.json."""
+    eval_after.jsonl, eval_step_N.jsonl of each evaluation between them, metrics.jsonl,
+    config.yaml, run.json."""
     out = out or run_dir / "report.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     pair = eval_pair(run_dir)
@@ -319,6 +356,9 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
         _copy(before, bundle / "eval_before_all.jsonl")
         lines = before.read_text().splitlines(keepends=True)
         (bundle / "eval_before.jsonl").write_text("".join(lines[: summary["n"]]))
+    for e in summary["evals_between"]:
+        lines = eval_records_path(run_dir, e["step"]).read_text().splitlines(keepends=True)
+        (bundle / f"eval_step_{e['step']}.jsonl").write_text("".join(lines[: summary["n"]]))
     (bundle / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     curve = run_dir / "reward_curve.png"
     if not curve.is_file():
