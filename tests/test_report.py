@@ -240,38 +240,54 @@ def test_a_data_parallel_run_names_its_processes(reported, tmp_path):
     assert json.loads((tmp_path / "dp" / "summary.json").read_text())["world_size"] == 1
 
 
+def _write_outcomes(path: Path, records: list[dict], correct: list[bool]) -> list[dict]:
+    """``records`` (the same problems) with the given outcomes, written to ``path``; returned."""
+    records = [{**r, "correct": c} for r, c in zip(records, correct)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return records
+
+
 def test_an_evaluation_between_the_first_and_last_is_tabled_paired_and_kept(reported, tmp_path, capsys):
     """A run with ``eval.every`` evaluates during training too: the report tables each such
     evaluation between before and after, pairs it with both (exact McNemar), and its folder keeps
-    the records as eval_step_N.jsonl. Here step 1's evaluation is step 0's records with the first
-    two outcomes flipped, so every paired figure is known."""
+    the records as eval_step_N.jsonl. The outcomes are set here, so every figure is known:
+    step 0 -> 1: 4 improved, 0 regressed, p = 2 / 2**4 = 0.125; step 1 -> 2: 0 improved,
+    3 regressed, p = 2 / 2**3 = 0.25."""
     run = tmp_path / "run"
     shutil.copytree(reported[0], run)
+    samples = run / "eval_samples"
     evals = read_jsonl(run / "eval.jsonl")
-    middle = read_jsonl(run / "eval_samples" / "step_0.jsonl")
-    for record in middle[:2]:
-        record["correct"] = not record["correct"]
-    (run / "eval_samples" / "step_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in middle))
+    records = read_jsonl(samples / "step_0.jsonl")
+    _write_outcomes(samples / "step_0.jsonl", records, [False, False, False, False, True, True])
+    middle = _write_outcomes(samples / "step_1.jsonl", records, [True] * 6)
+    _write_outcomes(samples / "step_2.jsonl", read_jsonl(samples / "step_2.jsonl"), [True, False, True, False, True, False])
     (run / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [evals[0], {**evals[0], "step": 1}, *evals[1:]]))
     out = tmp_path / "long.md"
     assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
     bundle = tmp_path / "long"
-    kept = read_jsonl(bundle / "eval_step_1.jsonl")
-    assert kept == middle
-    before, after = read_jsonl(bundle / "eval_before.jsonl"), read_jsonl(bundle / "eval_after.jsonl")
+    assert read_jsonl(bundle / "eval_step_1.jsonl") == middle
     [between] = json.loads((bundle / "summary.json").read_text())["evals_between"]
-    gained = sum(not r["correct"] for r in before[:2])  # flipped from wrong to right
-    assert (between["step"], between["accuracy"]) == (1, sum(r["correct"] for r in middle) / 6)
-    assert (between["from_before"]["improved"], between["from_before"]["regressed"]) == (gained, 2 - gained)
-    to_after = [(m["correct"], a["correct"]) for m, a in zip(middle, after)]
-    assert (between["to_after"]["improved"], between["to_after"]["regressed"]) == (to_after.count((False, True)),
-                                                                                   to_after.count((True, False)))
+    assert (between["step"], between["accuracy"]) == (1, 1.0)
+    assert between["from_before"] == {"improved": 4, "regressed": 0, "mcnemar_p": 0.125}
+    assert between["to_after"] == {"improved": 0, "regressed": 3, "mcnemar_p": 0.25}
     text = out.read_text()
-    assert f"| during | 1 | 6 | {between['accuracy']:.4f} |" in text
-    assert f"Step 1, paired the same way: from step 0, {gained} improved, {2 - gained} regressed" in text
-    # A middle evaluation of other problems cannot be paired: said in one line, not reported wrong.
-    middle[0]["question"] = "another problem"
-    (run / "eval_samples" / "step_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in middle))
+    assert "| during | 1 | 6 | 1.0000 |" in text
+    assert ("Step 1, paired the same way: from step 0, 4 improved, 0 regressed, p = 0.125; "
+            "to step 2, 0 improved, 3 regressed, p = 0.25.") in text
+    # The last evaluation stopped after 3 problems: the one in between is paired on those 3 too.
+    (run / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in [evals[0], {**evals[0], "step": 1}]))
+    after_file = samples / "step_2.jsonl"
+    after_file.write_text("".join(line + "\n" for line in after_file.read_text().splitlines()[:3]))
+    assert cli.main(["--report", str(run), "--report-out", str(tmp_path / "cut.md")]) == 0
+    [between] = json.loads((tmp_path / "cut" / "summary.json").read_text())["evals_between"]
+    assert between["from_before"] == {"improved": 3, "regressed": 0, "mcnemar_p": 0.25}
+    assert read_jsonl(tmp_path / "cut" / "eval_step_1.jsonl") == middle[:3]
+    # A middle evaluation of other problems, or of fewer, cannot be paired: said in one line.
+    capsys.readouterr()
+    _write_outcomes(samples / "step_1.jsonl", [{**records[0], "question": "another"}, *records[1:]], [True] * 6)
     assert cli.main(["--report", str(run), "--report-out", str(tmp_path / "other.md")]) == 2
     assert "the evaluations at steps 0 and 1 are not the same problems" in capsys.readouterr().err
+    _write_outcomes(samples / "step_1.jsonl", records[:2], [True] * 2)
+    assert cli.main(["--report", str(run), "--report-out", str(tmp_path / "other.md")]) == 2
+    assert "the evaluation at step 1 holds 2 problems, step 0's 3" in capsys.readouterr().err
     assert not (tmp_path / "other.md").exists()

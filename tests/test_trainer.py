@@ -1124,3 +1124,22 @@ def test_running_out_of_gpu_memory_is_a_message_with_the_way_out_not_a_traceback
     assert err.startswith("ppo-train: out of GPU memory: CUDA out of memory. Tried to allocate 260.00 MiB.")
     assert "configs/gsm8k_qwen_coder_16gb.yaml" in err and "configs/accelerate/fsdp.yaml" in err
     assert "Traceback" not in err and "more detail" not in err
+
+
+def test_a_longer_runs_first_steps_are_the_shorter_runs(tmp_path):
+    """configs/gsm8k_qwen_coder_96steps.yaml reads its step-48 evaluation as the 48-step recipe's
+    result: with a constant learning rate after the warmup and a fixed KL coefficient, nothing
+    before step N depends on train.steps. A 2-step run against a 4-step run evaluated at step 2:
+    the same metrics for steps 1-2 (times and memory aside) and the same step-2 evaluation. A
+    linear schedule decays by train.steps and breaks it: that case shows the comparison can fail."""
+    def run(name, steps, *extra):
+        cfg = tiny_cfg(tmp_path / name, "ppo.lr=1e-3", "ppo.warmup_steps=1", "eval.size=4", f"train.steps={steps}",
+                       "eval.every=2", *extra)
+        train(cfg, SOLUTION)
+        metrics = [{k: v for k, v in m.items() if not k.startswith(("time/", "memory/"))}
+                   for m in read_jsonl(tmp_path / name / "run" / "metrics.jsonl")[:2]]
+        evaluation = [(r["response"], r["correct"]) for r in read_jsonl(tmp_path / name / "run" / "eval_samples" / "step_2.jsonl")]
+        return metrics, evaluation
+
+    assert run("short", 2) == run("long", 4)
+    assert run("short_linear", 2, "ppo.lr_scheduler=linear")[0] != run("long_linear", 4, "ppo.lr_scheduler=linear")[0]

@@ -31,7 +31,7 @@ from assignment.trainer.distributed import Distributed, WorldSizeError
 from assignment.trainer.impl import ImplError, load_impl
 from assignment.trainer.loading import ModelError
 from assignment.trainer.loop import TIME_LIMIT, RunDirError, RunResult, train
-from assignment.trainer.report import ReportError
+from assignment.trainer.report import ReportError, write_report
 from assignment.trainer.runlog import REWARD_WINDOW
 
 USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError, WorldSizeError,
@@ -106,8 +106,6 @@ def main(argv: list[str] | None = None) -> int:
                 figure = False
             return 0 if tables or figure else 2
         if args.report:
-            from assignment.trainer.report import write_report
-
             path = write_report(Path(args.report), Path(args.report_out) if args.report_out else None,
                                 args.staging_seconds)
             print(f"wrote {path}")

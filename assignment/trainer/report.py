@@ -78,26 +78,38 @@ def eval_pair(run_dir: Path) -> tuple[list[dict], list[dict], int, int, int]:
     if last <= steps[0]:
         raise FileNotFoundError(f"{run_dir} has no evaluation after step {steps[0]}")
     before, after = (read_jsonl(eval_records_path(run_dir, step)) for step in (steps[0], last))
-    planned = len(before)
-    if [r["question"] for r in after] != [r["question"] for r in before[:len(after)]]:
-        raise ReportError(f"{run_dir}: the evaluations at steps {steps[0]} and {last} are not the same problems")
-    return before[:len(after)], after, steps[0], last, planned
+    _check_same_problems(run_dir, (steps[0], before), (last, after))
+    return before[:len(after)], after, steps[0], last, len(before)
 
 
 def evals_between(run_dir: Path, before: list[dict], step_before: int, step_after: int) -> dict[int, list[dict]]:
     """The per-problem records of each finished evaluation strictly between the steps of
-    ``eval_pair``, cut to the problems of its ``before``: {step: records}."""
+    ``eval_pair``: {step: records}, each list in ``before``'s order and as long (cut to the
+    problems an unfinished last evaluation reached). Raises ReportError for an evaluation that
+    holds fewer problems or other ones."""
     between = {}
     for step in (e["step"] for e in read_jsonl(run_dir / EVALS)):
         if step_before < step < step_after:
             records = read_jsonl(eval_records_path(run_dir, step))[:len(before)]
-            if [r["question"] for r in records] != [r["question"] for r in before]:
-                raise ReportError(f"{run_dir}: the evaluations at steps {step_before} and {step} are not the same problems")
+            if len(records) < len(before):
+                raise ReportError(f"{run_dir}: the evaluation at step {step} holds {len(records)} problems, "
+                                  f"step {step_before}'s {len(before)}")
+            _check_same_problems(run_dir, (step_before, before), (step, records))
             between[step] = records
     return between
 
 
+def _check_same_problems(run_dir: Path, old: tuple[int, list[dict]], new: tuple[int, list[dict]]) -> None:
+    """Raise ReportError unless the records of ``new`` (step, records) are the first problems of
+    ``old``'s, in the same order: the only outcomes a paired test may compare."""
+    (step_old, records_old), (step_new, records_new) = old, new
+    if [r["question"] for r in records_new] != [r["question"] for r in records_old[:len(records_new)]]:
+        raise ReportError(f"{run_dir}: the evaluations at steps {step_old} and {step_new} are not the same problems")
+
+
 def _paired(old: list[dict], new: list[dict]) -> dict[str, Any]:
+    """The exact McNemar test from ``old`` to ``new`` (records of the same problems, in order):
+    improved = wrong in ``old`` and right in ``new``, regressed the reverse, and the two-sided p."""
     test = mcnemar_exact([r["correct"] for r in old], [r["correct"] for r in new])
     return {"improved": test.c, "regressed": test.b, "mcnemar_p": test.p_value}
 
@@ -305,6 +317,7 @@ def _eval_section(summary: dict, before: list[dict], after: list[dict], steps: t
 
 
 def _pair_text(pair: dict) -> str:
+    """One ``_paired`` result as the report's prose."""
     return f"{pair['improved']} improved, {pair['regressed']} regressed, p = {pair['mcnemar_p']:.3g}"
 
 
