@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def timed(cmd: list[str], cwd: Path, env: dict) -> dict:
-    """Run ``cmd``; its wall and CPU seconds, exit status and last line of output."""
+    """Run ``cmd``; its wall and CPU seconds, exit status, last line of output, and the tests
+    pytest's short summary names as failed or in error (a flaky one is then named in the report)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
@@ -38,7 +39,8 @@ def timed(cmd: list[str], cwd: Path, env: dict) -> dict:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     lines = (proc.stdout + proc.stderr).strip().splitlines()
-    return {"wall": wall, "cpu": cpu, "rc": proc.returncode, "last": lines[-1].strip("= ") if lines else ""}
+    return {"wall": wall, "cpu": cpu, "rc": proc.returncode, "last": lines[-1].strip("= ") if lines else "",
+            "failed": [line for line in lines if line.startswith(("FAILED ", "ERROR "))]}
 
 
 def main() -> None:
@@ -78,11 +80,14 @@ def main() -> None:
             if run["rc"] != 0:
                 break
     walls = dict((name, run["wall"]) for name, run in rows)
+    table_end = len(lines)
+    failed = [f"- {name}: `{line[:300]}`" for name, run in rows for line in run["failed"]]
+    lines += ["", "Failed:", *failed] if failed else []
     lines += ["", f"install + whole suite (what `.ci/run` does): **{(walls.get('install', 0) + walls.get('whole suite', 0)) / 60:.1f} min** (target 15)"]
     if "fast tier" in walls:
         lines.append(f"fast tier: **{walls['fast tier']:.0f} s** (target under 180 s)")
     lines += ["", f"load average (1, 5, 15 min) at the end: {load()}"]
-    print("\n".join(lines[-4:]))
+    print("\n".join(lines[table_end:]))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("# The test suite on a fresh clone\n\nWritten by `benchmarks/fresh_clone.py` (its docstring "
