@@ -34,15 +34,19 @@ def joined(path: Path) -> str:
 
 @pytest.fixture(scope="module")
 def figures() -> dict:
-    """Per seed: (step 0 -> 96 test, step 48 -> 96 test, step-48 correct count, summary)."""
+    """Per seed: (the McNemar test from step 0 to 96, the one from step 48 to 96, summary.json);
+    the second's ``before`` is step 48's count of correct answers."""
     out = {}
     for seed, folder in FOLDERS.items():
         test, summary = rescored(folder)
         middle, after = read_jsonl(folder / "eval_step_48.jsonl"), read_jsonl(folder / "eval_after.jsonl")
         assert [r["question"] for r in middle] == [r["question"] for r in after]
         late = mcnemar_exact([r["correct"] for r in middle], [r["correct"] for r in after])
-        [between] = summary["evals_between"]  # the report's own pairing, recomputed here
+        early = mcnemar_exact(*([r["correct"] for r in records]
+                                for records in (read_jsonl(folder / "eval_before.jsonl"), middle)))
+        [between] = summary["evals_between"]  # the report's own pairings, recomputed here
         assert (between["step"], between["accuracy"]) == (48, late.before / 1319)
+        assert between["from_before"] == {"improved": early.c, "regressed": early.b, "mcnemar_p": early.p_value}
         assert (between["to_after"]["improved"], between["to_after"]["regressed"], between["to_after"]["mcnemar_p"]) == (
             late.c, late.b, late.p_value)
         out[seed] = (test, late, summary)
