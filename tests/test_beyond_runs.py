@@ -11,6 +11,7 @@ must not call it significant.
 """
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -111,6 +112,12 @@ def test_the_config_and_the_pages_quote_the_recomputed_figures(figures):
     assert f"{pooled.c} improved and {pooled.b} regressed: p = {pooled.p_value:.3f}" in page
     for text in (readme, config, page):
         assert f"p = {pooled.p_value:.3f}" in text and "as independent" in text
+    flips = [[m["correct"] != a["correct"] for m, a in zip(read_jsonl(FOLDERS[seed] / "eval_step_48.jsonl"),
+                                                         read_jsonl(FOLDERS[seed] / "eval_after.jsonl"))] for seed in RUNS]
+    in_all = sum(map(all, zip(*flips)))
+    expected = 1319 * math.prod(sum(f) / 1319 for f in flips)  # if a flip did not depend on the problem
+    assert in_all > 2 * expected  # why the pooled p is only indicative
+    assert f"{in_all} problems flip between steps 48 and 96 in all three runs, against {expected:.0f} expected" in page
     kl = [summary["kl_final"] for *_, summary in figures.values()]
     for text in (readme, config, page):
         assert f"{min(kl):.0f}-{max(kl):.0f} nats" in text
