@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from report_runs import RUN_CONTROL, changed_keys, rescored
 
+from assignment.trainer.config import load_config
 from assignment.trainer.runlog import read_jsonl
 from assignment.trainer.stats import mcnemar_exact
 
@@ -135,10 +136,16 @@ def test_the_config_and_the_pages_quote_the_recomputed_figures(figures):
     steps = read_jsonl(FOLDERS[1] / "metrics.jsonl")[1:]
     per_step = statistics.median(m["time/rollout"] + m["time/update"] for m in steps)
     for text in (readme, page, config):
-        assert f"{summary['seconds']['wall']:.0f} s on 4 H100s" in text and f"{per_step:.2f} s a step" in text
+        assert f"{summary['seconds']['wall']:.0f} s on 4 H100s ({per_step:.2f} s of rollout + update a step" in text
     # No run resolves the lead of step 96 over step 48: no page may call it significant.
     for text in (section(readme, "**Twice the steps**", "- History"), section(page, "## 6.", "## 7."), config):
         assert "significan" not in text.lower()
+    for text in (section(readme, "**Twice the steps**", "- History"), config):  # the page quotes the "beats"
+        assert "beat" not in text.lower()
+    for text in (readme, page, config):
+        assert "which they are not quite" in text or "contradict" in text  # the pooled p's caveat
+    assert "against the recipe's 30" in page and "budget of 30" in config  # the recipe's kl.target
+    assert load_config(ROOT / CONFIG).kl.target == 30
 
 
 def test_the_recipes_48_step_draws_are_counted_right(figures):

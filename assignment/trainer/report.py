@@ -93,7 +93,7 @@ def evals_between(run_dir: Path, before: list[dict], step_before: int, step_afte
             records = read_jsonl(eval_records_path(run_dir, step))[:len(before)]
             if len(records) < len(before):
                 raise ReportError(f"{run_dir}: the evaluation at step {step} holds {len(records)} problems, "
-                                  f"step {step_before}'s {len(before)}")
+                                  f"fewer than the {len(before)} the report pairs")
             _check_same_problems(run_dir, (step_before, before), (step, records))
             between[step] = records
     return between
