@@ -1,5 +1,6 @@
 """What the tests of committed GSM8K runs share: a report folder re-scored from its per-problem
-evaluations, and its config.yaml against the shipped config it claims to have run."""
+evaluations, its config.yaml against the shipped config it claims to have run, and the pages that
+quote them read with their wrapped lines joined."""
 
 import json
 from pathlib import Path
@@ -34,6 +35,11 @@ def rescored(folder: Path) -> tuple[McNemar, dict]:
     assert (summary["improved"], summary["regressed"], summary["mcnemar_p"]) == (test.c, test.b, test.p_value)
     assert (summary["accuracy_before"], summary["accuracy_after"]) == (test.before / 1319, test.after / 1319)
     return test, summary
+
+
+def joined(path: Path) -> str:
+    """The page with its wrapped lines (and a YAML comment's '#') joined: a figure may sit across a line break."""
+    return " ".join(word for word in path.read_text().split() if word != "#")
 
 
 def changed_keys(folder: Path, config: str, monkeypatch) -> tuple[set[str], dict]:

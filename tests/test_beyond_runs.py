@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from report_runs import RUN_CONTROL, changed_keys, rescored
+from report_runs import RUN_CONTROL, changed_keys, joined, rescored
 
 from assignment.trainer.config import load_config
 from assignment.trainer.runlog import read_jsonl
@@ -27,11 +27,6 @@ CONFIG = "configs/gsm8k_qwen_coder_96steps.yaml"
 RUNS = {1: (4, "gsm8k_qwen_coder_4gpu_96steps_seed1"), 0: (2, "gsm8k_qwen_coder_2gpu_96steps_seed0"),
         2: (2, "gsm8k_qwen_coder_2gpu_96steps_seed2")}  # seed: (processes, report name), in the order run
 FOLDERS = {seed: ROOT / "reports" / name for seed, (_, name) in RUNS.items()}
-
-
-def joined(path: Path) -> str:
-    """The page with its wrapped lines (and a YAML comment's '#') joined: a figure may sit across a line break."""
-    return " ".join(word for word in path.read_text().split() if word != "#")
 
 
 @pytest.fixture(scope="module")

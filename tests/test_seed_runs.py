@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from report_runs import RUN_CONTROL, changed_keys, rescored
+from report_runs import RUN_CONTROL, changed_keys, joined, rescored
 
 from assignment.trainer.runlog import read_jsonl
 
@@ -29,11 +29,6 @@ pytestmark = pytest.mark.skipif(not all(folder.is_dir() for folder in FOLDERS.va
 def figures() -> dict:
     """Per seed: the exact McNemar test and the summary, from the committed files."""
     return {seed: rescored(FOLDERS[seed]) for seed in SEEDS}
-
-
-def joined(path: Path) -> str:
-    """The page with its wrapped lines joined: a figure may sit across a line break."""
-    return " ".join(path.read_text().split())
 
 
 def missed(figures: dict) -> list[str]:

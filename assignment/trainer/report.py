@@ -367,11 +367,9 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
         _copy(before, bundle / "eval_before.jsonl")
     else:  # an unfinished final evaluation: the figures pair its problems; the whole first one is kept beside
         _copy(before, bundle / "eval_before_all.jsonl")
-        lines = before.read_text().splitlines(keepends=True)
-        (bundle / "eval_before.jsonl").write_text("".join(lines[: summary["n"]]))
+        _copy_first(before, bundle / "eval_before.jsonl", summary["n"])
     for e in summary["evals_between"]:
-        lines = eval_records_path(run_dir, e["step"]).read_text().splitlines(keepends=True)
-        (bundle / f"eval_step_{e['step']}.jsonl").write_text("".join(lines[: summary["n"]]))
+        _copy_first(eval_records_path(run_dir, e["step"]), bundle / f"eval_step_{e['step']}.jsonl", summary["n"])
     (bundle / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     curve = run_dir / "reward_curve.png"
     if not curve.is_file():
@@ -380,6 +378,11 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
     _copy(curve, image)
     out.write_text(render(run_dir, image.name, summary, pair))
     return out
+
+
+def _copy_first(source: Path, target: Path, n: int) -> None:
+    """The first ``n`` records (lines) of ``source``, as they are, in ``target``: the problems the figures pair."""
+    target.write_text("".join(source.read_text().splitlines(keepends=True)[:n]))
 
 
 def _copy(source: Path, target: Path) -> None:
