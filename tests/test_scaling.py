@@ -204,3 +204,21 @@ def test_the_second_lease_tables_and_figures_are_its_files():
                for lease in (SECOND, LEASE) for folder, _ in LAUNCH_LABELS[:3]]
     gains = [old - new for new, old in zip(updates[:3], updates[3:])]
     assert "by " + ", ".join(f"{g:.2f}" for g in gains[:2]) + f" and {gains[2]:.2f} s" in text
+
+
+FOURTH = REPORT.parent / "h100_lease4"  # the code before (0679bdf): DDP 2 only (single failed at start)
+
+
+@pytest.mark.skipif(not FOURTH.is_dir(), reason="the fourth lease's files are not committed")
+def test_the_fourth_leases_before_record_is_its_files():
+    """The code before's DDP 2 launch, the one record of that code on a card: the page quotes its
+    record and its per-launch medians."""
+    [record] = json.loads((FOURTH / "scaling_before.json").read_text())  # read() wants a single record beside it
+    assert (record["launch"], record["gpus"], record["card"]) == ("ddp", 2, "NVIDIA H100 80GB HBM3")
+    steps = read_jsonl(FOURTH / "launches" / "before_ddp_2" / "metrics.jsonl")[1:]
+    assert len(steps) >= 5  # the issue's "medians over at least 5 steps after the first"
+    rollout, update = (statistics.median(m[key] for m in steps) for key in ("time/rollout", "time/update"))
+    assert statistics.median(m["time/rollout"] + m["time/update"] for m in steps) == record["seconds_per_step"]
+    text = " ".join((REPORT.parents[1] / "multi_gpu.md").read_text().split())
+    assert (f"{rollout:.2f} + {update:.2f} = {record['seconds_per_step']:.2f} s a step" in text
+            and f"{record['tokens_per_second']:.0f} real response tokens/s and {record['peak_memory_gib']:.1f} GiB" in text)
