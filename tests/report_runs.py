@@ -28,7 +28,7 @@ def rescored(folder: Path) -> tuple[McNemar, dict]:
     """The exact McNemar test of the folder's greedy evaluations before and after (all 1319
     problems, the same questions in the same order), checked against its summary.json; and that
     summary."""
-    before, after = read_jsonl(folder / "eval_before.jsonl"), read_jsonl(folder / "eval_after.jsonl")
+    before, after = read_jsonl(folder / "eval_before.jsonl.gz"), read_jsonl(folder / "eval_after.jsonl.gz")
     assert len(before) == len(after) == 1319 and all(b["question"] == a["question"] for b, a in zip(before, after))
     test = mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after])
     summary = json.loads((folder / "summary.json").read_text())

@@ -4,7 +4,7 @@ and reports/multi_gpu.md (part 6) claim of them.
 Five whole runs of 96 PPO steps, evaluated greedily on all 1319 test problems at steps 0, 48 and
 96: seeds 0, 1 and 2 under DDP on 4 processes each (the headline), and two earlier draws of seeds
 0 and 2 on 2 processes each. Everything checked here is recomputed from the committed per-problem
-files (eval_before, eval_step_48, eval_after): the accuracies, the exact McNemar tests from step 0
+files (eval_before, eval_step_48, eval_after: .jsonl.gz): the accuracies, the exact McNemar tests from step 0
 and from step 48 to 96, and the figures the pages quote. The claims pinned: every run clears +8
 points at step 96, every run's step-96 model is ahead of its own step-48 model, and one run alone
 resolves that lead at p < 0.05, so the pages must not call the lead significant.
@@ -38,11 +38,11 @@ def figures() -> dict:
     for _, _, name in RUNS:
         folder = ROOT / "reports" / name
         test, summary = rescored(folder)
-        middle, after = read_jsonl(folder / "eval_step_48.jsonl"), read_jsonl(folder / "eval_after.jsonl")
+        middle, after = read_jsonl(folder / "eval_step_48.jsonl.gz"), read_jsonl(folder / "eval_after.jsonl.gz")
         assert [r["question"] for r in middle] == [r["question"] for r in after]
         late = mcnemar_exact([r["correct"] for r in middle], [r["correct"] for r in after])
         early = mcnemar_exact(*([r["correct"] for r in records]
-                                for records in (read_jsonl(folder / "eval_before.jsonl"), middle)))
+                                for records in (read_jsonl(folder / "eval_before.jsonl.gz"), middle)))
         [between] = summary["evals_between"]  # the report's own pairings, recomputed here
         assert (between["step"], between["accuracy"]) == (48, late.before / 1319)
         assert between["from_before"] == {"improved": early.c, "regressed": early.b, "mcnemar_p": early.p_value}
@@ -116,7 +116,7 @@ def test_the_config_and_the_pages_quote_the_recomputed_figures(figures):
         assert f"{len(everything)} runs" in text and f"{sign_p:.4g}" in text
     # Why no pooled McNemar test: the runs' pairs on the same problems are not independent.
     flips = [[m["correct"] != a["correct"] for m, a in zip(*(read_jsonl(ROOT / "reports" / name / f)
-                                                             for f in ("eval_step_48.jsonl", "eval_after.jsonl")))]
+                                                             for f in ("eval_step_48.jsonl.gz", "eval_after.jsonl.gz")))]
              for name in HEADLINE.values()]
     in_all = sum(map(all, zip(*flips)))
     expected = 1319 * math.prod(sum(f) / 1319 for f in flips)  # if a flip did not depend on the problem

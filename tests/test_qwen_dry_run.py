@@ -82,7 +82,7 @@ def test_the_qwen_config_runs_end_to_end_in_time_limited_calls(staged, capsys):
     out = staged / "reports" / "gsm8k_qwen_coder.md"
     assert cli.main(["--report", str(run), "--report-out", str(out), "--staging-seconds", "95"]) == 0
     bundle = out.with_suffix("")
-    assert {p.name for p in bundle.iterdir()} == {"summary.json", "eval_before.jsonl", "eval_after.jsonl", "metrics.jsonl",
+    assert {p.name for p in bundle.iterdir()} == {"summary.json", "eval_before.jsonl.gz", "eval_after.jsonl.gz", "metrics.jsonl",
                                                   "config.yaml", "run.json"}
     summary = json.loads((bundle / "summary.json").read_text())
     assert summary["n"] == 4 and summary["steps"] == 2 and summary["seconds"]["invocations"] == 4

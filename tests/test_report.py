@@ -1,6 +1,7 @@
 """The run report and its folder: every section is filled from a real (tiny) run's files, and
 every headline figure of summary.json is recomputed here from the per-problem files alone."""
 
+import gzip
 import json
 import math
 import shutil
@@ -14,7 +15,7 @@ from assignment.trainer.impl import load_impl
 from assignment.trainer.loop import train
 from assignment.trainer.report import _invocation_line, _wall_time, eval_pair
 from assignment.trainer.reward import extract_answer
-from assignment.trainer.runlog import read_jsonl
+from assignment.trainer.runlog import eval_records_path, read_jsonl, write_jsonl_gz
 
 REFERENCE = Path(__file__).resolve().parents[1] / "solutions" / "exercises.py"
 RECORD_FIELDS = {"question", "reference", "response", "answer", "correct"}
@@ -46,7 +47,7 @@ def test_report_of_a_tiny_run(reported):
 def test_report_folder_holds_the_files_behind_every_figure(reported):
     run, out = reported
     bundle = out.parent / "tiny"
-    assert sorted(p.name for p in bundle.iterdir()) == ["config.yaml", "eval_after.jsonl", "eval_before.jsonl",
+    assert sorted(p.name for p in bundle.iterdir()) == ["config.yaml", "eval_after.jsonl.gz", "eval_before.jsonl.gz",
                                                         "metrics.jsonl", "run.json", "summary.json"]
     summary = json.loads((bundle / "summary.json").read_text())
     for key in ("card", "n", "accuracy_before", "accuracy_after", "mcnemar_p", "reward_first10", "reward_last10",
@@ -55,11 +56,25 @@ def test_report_folder_holds_the_files_behind_every_figure(reported):
     assert summary["gpu_seconds"] == pytest.approx(summary["seconds"]["wall"] + 12)
 
 
+def test_the_per_problem_files_are_the_runs_records_compressed_the_same_each_time(reported, tmp_path):
+    """eval_before/after.jsonl.gz hold the run's eval_samples/step_N.jsonl byte for byte, and a
+    second report of the same run writes the same compressed bytes (no timestamp in the header):
+    a committed report folder does not change when it is regenerated."""
+    run, out = reported
+    bundle = out.parent / "tiny"
+    steps = json.loads((bundle / "summary.json").read_text())["eval_steps"]
+    for name, step in zip(("eval_before.jsonl.gz", "eval_after.jsonl.gz"), steps):
+        assert gzip.decompress((bundle / name).read_bytes()) == eval_records_path(run, step).read_bytes()
+    assert cli.main(["--report", str(run), "--report-out", str(tmp_path / "tiny.md")]) == 0
+    for name in ("eval_before.jsonl.gz", "eval_after.jsonl.gz"):
+        assert (tmp_path / "tiny" / name).read_bytes() == (bundle / name).read_bytes()
+
+
 def test_summary_is_recomputable_from_the_per_problem_files(reported):
     """Accuracies, McNemar's p and the training rewards, from eval_*.jsonl and metrics.jsonl alone."""
     bundle = reported[1].parent / "tiny"
     summary = json.loads((bundle / "summary.json").read_text())
-    before, after = read_jsonl(bundle / "eval_before.jsonl"), read_jsonl(bundle / "eval_after.jsonl")
+    before, after = read_jsonl(bundle / "eval_before.jsonl.gz"), read_jsonl(bundle / "eval_after.jsonl.gz")
     assert len(before) == len(after) == summary["n"] == summary["n_planned"] == 6
     for old, new in zip(before, after):
         assert RECORD_FIELDS <= set(old) and RECORD_FIELDS <= set(new) and old["question"] == new["question"]
@@ -104,11 +119,11 @@ def test_an_unfinished_final_evaluation_is_paired_on_the_problems_it_reached(rep
     out = tmp_path / "partial.md"
     assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
     summary = json.loads((tmp_path / "partial" / "summary.json").read_text())
-    before = read_jsonl(tmp_path / "partial" / "eval_before.jsonl")
-    after = read_jsonl(tmp_path / "partial" / "eval_after.jsonl")
+    before = read_jsonl(tmp_path / "partial" / "eval_before.jsonl.gz")
+    after = read_jsonl(tmp_path / "partial" / "eval_after.jsonl.gz")
     assert (summary["n"], summary["n_planned"]) == (4, 6) and len(before) == len(after) == 4
     assert [r["question"] for r in before] == [r["question"] for r in after]
-    assert read_jsonl(tmp_path / "partial" / "eval_before_all.jsonl")[:4] == before
+    assert read_jsonl(tmp_path / "partial" / "eval_before_all.jsonl.gz")[:4] == before
     assert summary["accuracy_before"] == sum(r["correct"] for r in before) / 4
     assert "the first 4 of 6 test problems" in out.read_text()
     after_file.write_text("")  # an evaluation opened and killed before its first batch: nothing to pair
@@ -178,11 +193,11 @@ def _ablation_folder(root: Path, name: str, algorithm: str, after: list[int], af
     (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
 
     def records(correct, lengths, finished):
-        return "".join(json.dumps({"question": f"q{i}", "correct": bool(c), "length": n, "finished": f}) + "\n"
-                       for i, (c, n, f) in enumerate(zip(correct, lengths, finished)))
+        return [json.dumps({"question": f"q{i}", "correct": bool(c), "length": n, "finished": f}) + "\n"
+                for i, (c, n, f) in enumerate(zip(correct, lengths, finished))]
 
-    (folder / "eval_before.jsonl").write_text(records([1, 0, 0, 0], [10, 20, 30, 40], [True] * 4))
-    (folder / "eval_after.jsonl").write_text(records(after, after_lengths, after_finished))
+    write_jsonl_gz(records([1, 0, 0, 0], [10, 20, 30, 40], [True] * 4), folder / "eval_before.jsonl.gz")
+    write_jsonl_gz(records(after, after_lengths, after_finished), folder / "eval_after.jsonl.gz")
     return folder
 
 
@@ -209,9 +224,9 @@ def test_compare_tables_refuse_to_pair_runs_on_different_problems(tmp_path):
 
     a = _ablation_folder(tmp_path, "a", "grpo", [1, 1, 0, 0], [10] * 4, [True] * 4)
     b = _ablation_folder(tmp_path, "b", "grpo", [1, 1, 0, 0], [10] * 4, [True] * 4)
-    after = (b / "eval_after.jsonl").read_text().replace('"q3"', '"other"')
-    (b / "eval_after.jsonl").write_text(after)
-    (b / "eval_before.jsonl").write_text((b / "eval_before.jsonl").read_text().replace('"q3"', '"other"'))
+    for name in ("eval_before.jsonl.gz", "eval_after.jsonl.gz"):
+        moved = [{**r, "question": "other" if r["question"] == "q3" else r["question"]} for r in read_jsonl(b / name)]
+        write_jsonl_gz([json.dumps(r) + "\n" for r in moved], b / name)
     assert "| a (grpo) | b (grpo) | not the same problems | | |" in compare_tables([a, b]).splitlines()
 
 
@@ -250,7 +265,7 @@ def _write_outcomes(path: Path, records: list[dict], correct: list[bool]) -> lis
 def test_an_evaluation_between_the_first_and_last_is_tabled_paired_and_kept(reported, tmp_path, capsys):
     """A run with ``eval.every`` evaluates during training too: the report tables each such
     evaluation between before and after, pairs it with both (exact McNemar), and its folder keeps
-    the records as eval_step_N.jsonl. The outcomes are set here, so every figure is known:
+    the records as eval_step_N.jsonl.gz. The outcomes are set here, so every figure is known:
     step 0 -> 1: 4 improved, 0 regressed, p = 2 / 2**4 = 0.125; step 1 -> 2: 0 improved,
     3 regressed, p = 2 / 2**3 = 0.25."""
     run = tmp_path / "run"
@@ -265,7 +280,7 @@ def test_an_evaluation_between_the_first_and_last_is_tabled_paired_and_kept(repo
     out = tmp_path / "long.md"
     assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
     bundle = tmp_path / "long"
-    assert read_jsonl(bundle / "eval_step_1.jsonl") == middle
+    assert read_jsonl(bundle / "eval_step_1.jsonl.gz") == middle
     [between] = json.loads((bundle / "summary.json").read_text())["evals_between"]
     assert (between["step"], between["accuracy"]) == (1, 1.0)
     assert between["from_before"] == {"improved": 4, "regressed": 0, "mcnemar_p": 0.125}
@@ -281,7 +296,7 @@ def test_an_evaluation_between_the_first_and_last_is_tabled_paired_and_kept(repo
     assert cli.main(["--report", str(run), "--report-out", str(tmp_path / "cut.md")]) == 0
     [between] = json.loads((tmp_path / "cut" / "summary.json").read_text())["evals_between"]
     assert between["from_before"] == {"improved": 3, "regressed": 0, "mcnemar_p": 0.25}
-    assert read_jsonl(tmp_path / "cut" / "eval_step_1.jsonl") == middle[:3]
+    assert read_jsonl(tmp_path / "cut" / "eval_step_1.jsonl.gz") == middle[:3]
     # A middle evaluation of other problems, or of fewer, cannot be paired: said in one line.
     capsys.readouterr()
     _write_outcomes(samples / "step_1.jsonl", [{**records[0], "question": "another"}, *records[1:]], [True] * 6)

@@ -1,7 +1,7 @@
 """Several runs side by side: the tables behind an ablation (``ppo-train --compare DIR...``).
 
 Each ``DIR`` is a run directory (``ppo-train`` output) or a report folder (``ppo-train --report``
-output: ``eval_before.jsonl`` and ``eval_after.jsonl`` beside ``metrics.jsonl``). From the files
+output: ``eval_before.jsonl.gz`` and ``eval_after.jsonl.gz`` beside ``metrics.jsonl``). From the files
 alone it computes, as Markdown:
 
 - one row per run: its algorithm, greedy accuracy before -> after with the exact McNemar test,
@@ -20,7 +20,7 @@ from itertools import combinations
 from pathlib import Path
 from typing import Any
 
-from assignment.trainer.report import eval_pair
+from assignment.trainer.report import AFTER, BEFORE, eval_pair
 from assignment.trainer.runlog import METRICS, REWARD_WINDOW, read_jsonl, run_label
 from assignment.trainer.stats import McNemar, mcnemar_exact
 
@@ -28,7 +28,7 @@ from assignment.trainer.stats import McNemar, mcnemar_exact
 def evaluations(folder: Path) -> tuple[list[dict], list[dict]]:
     """The per-problem greedy records before and after training of a report folder or a run
     directory (the same problems, in order). Raises FileNotFoundError where there are none."""
-    before, after = folder / "eval_before.jsonl", folder / "eval_after.jsonl"
+    before, after = folder / BEFORE, folder / AFTER
     if before.is_file() and after.is_file():
         return read_jsonl(before), read_jsonl(after)
     first, last, *_ = eval_pair(folder)

@@ -6,13 +6,14 @@ each invocation, a table of training metrics (mean of the first and last ``REWAR
 steps), the reward curve (``OUT.png``), greedy evaluation before and after training
 with the exact McNemar test on the paired outcomes, and samples of problems that improved,
 regressed and stayed the same. The folder ``OUT`` holds ``summary.json`` (every headline figure),
-``eval_before.jsonl`` and ``eval_after.jsonl`` (one record per problem: question, reference,
-response, answer, correct, ...), ``eval_step_N.jsonl`` for each evaluation between them
-(``eval.every``: a longer run's earlier model, tabled beside the first and the last and paired
-with both), ``metrics.jsonl``, ``config.yaml`` and ``run.json``: each
-figure of the summary can be recomputed from these files (``summarize``). When the final
-evaluation was stopped unfinished, both evaluation files hold the problems it reached, in
-order, and ``eval_before_all.jsonl`` the whole first evaluation.
+``eval_before.jsonl.gz`` and ``eval_after.jsonl.gz`` (gzip-compressed JSONL, one record per
+problem: question, reference, response, answer, correct, ...; ``runlog.read_jsonl`` reads them,
+as does ``zcat``), ``eval_step_N.jsonl.gz`` for each evaluation between them (``eval.every``: a
+longer run's earlier model, tabled beside the first and the last and paired with both),
+``metrics.jsonl``, ``config.yaml`` and ``run.json``: each figure of the summary can be
+recomputed from these files (``summarize``). When the final evaluation was stopped unfinished,
+both evaluation files hold the problems it reached, in order, and ``eval_before_all.jsonl.gz``
+the whole first evaluation.
 
 Wall time: each invocation's entry in ``run.json`` is kept current as the run goes
 (``runlog.Progress``), so an invocation killed from outside still counts up to its last
@@ -30,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, REWARD_WINDOW, eval_step_of, eval_records_path, plot_run,
-                                       read_jsonl)
+                                       read_jsonl, write_jsonl_gz)
 from assignment.trainer.stats import mcnemar_exact
 
 # The *_first keys are the first minibatch's alone (ppo.FIRST_MINIBATCH_KEYS), 0 in a correct
@@ -42,6 +43,13 @@ TRAINING_KEYS = ["rollout/reward_mean", "rollout/correct_rate", "rollout/format_
                  "stats/approx_kl_first", "stats/policy_clipfrac", "stats/policy_clipfrac_first",
                  "stats/advantage_max", "loss/value", "time/rollout", "time/update", "memory/peak_memory_gib"]
 BUNDLE_FILES = ("metrics.jsonl", "config.yaml", "run.json")
+# A report folder's per-problem evaluations (gzip-compressed: ``runlog.write_jsonl_gz``).
+BEFORE, AFTER, BEFORE_ALL = "eval_before.jsonl.gz", "eval_after.jsonl.gz", "eval_before_all.jsonl.gz"
+
+
+def between_name(step: int) -> str:
+    """The report folder's file of the evaluation after ``step``, between the first and the last."""
+    return f"eval_step_{step}.jsonl.gz"
 
 
 class ReportError(ValueError):
@@ -350,8 +358,8 @@ def render(run_dir: Path, image_name: str, summary: dict, pair: tuple) -> str:
 
 def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float | None = None) -> Path:
     """Write the report of ``run_dir`` to ``out`` (default ``RUN_DIR/report.md``), the reward-curve
-    PNG beside it, and the folder ``out`` without its suffix: summary.json, eval_before.jsonl,
-    eval_after.jsonl, eval_step_N.jsonl of each evaluation between them, metrics.jsonl,
+    PNG beside it, and the folder ``out`` without its suffix: summary.json, eval_before.jsonl.gz,
+    eval_after.jsonl.gz, eval_step_N.jsonl.gz of each evaluation between them, metrics.jsonl,
     config.yaml, run.json."""
     out = out or run_dir / "report.md"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -362,14 +370,12 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
     for name in BUNDLE_FILES:
         _copy(run_dir / name, bundle / name)
     before, after = (eval_records_path(run_dir, step) for step in summary["eval_steps"])
-    _copy(after, bundle / "eval_after.jsonl")
-    if summary["n"] == summary["n_planned"]:
-        _copy(before, bundle / "eval_before.jsonl")
-    else:  # an unfinished final evaluation: the figures pair its problems; the whole first one is kept beside
-        _copy(before, bundle / "eval_before_all.jsonl")
-        _copy_first(before, bundle / "eval_before.jsonl", summary["n"])
+    _compress(after, bundle / AFTER)
+    if summary["n"] < summary["n_planned"]:  # an unfinished final evaluation: the figures pair its problems
+        _compress(before, bundle / BEFORE_ALL)  # and the whole first one is kept beside
+    _compress(before, bundle / BEFORE, summary["n"])
     for e in summary["evals_between"]:
-        _copy_first(eval_records_path(run_dir, e["step"]), bundle / f"eval_step_{e['step']}.jsonl", summary["n"])
+        _compress(eval_records_path(run_dir, e["step"]), bundle / between_name(e["step"]), summary["n"])
     (bundle / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     curve = run_dir / "reward_curve.png"
     if not curve.is_file():
@@ -380,9 +386,10 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
     return out
 
 
-def _copy_first(source: Path, target: Path, n: int) -> None:
-    """The first ``n`` records (lines) of ``source``, as they are, in ``target``: the problems the figures pair."""
-    target.write_text("".join(source.read_text().splitlines(keepends=True)[:n]))
+def _compress(source: Path, target: Path, n: int | None = None) -> None:
+    """The first ``n`` records (lines; all if None) of the JSONL ``source``, as they are,
+    gzip-compressed in ``target``: the problems the figures pair."""
+    write_jsonl_gz(source.read_text().splitlines(keepends=True)[:n], target)
 
 
 def _copy(source: Path, target: Path) -> None:
