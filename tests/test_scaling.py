@@ -209,7 +209,6 @@ def test_the_second_lease_tables_and_figures_are_its_files():
 FOURTH = REPORT.parent / "h100_lease4"  # the code before (0679bdf): DDP 2 only (single failed at start)
 
 
-@pytest.mark.skipif(not FOURTH.is_dir(), reason="the fourth lease's files are not committed")
 def test_the_fourth_leases_before_record_is_its_files():
     """The code before's DDP 2 launch, the one record of that code on a card: the page quotes its
     record and its per-launch medians."""
@@ -220,5 +219,7 @@ def test_the_fourth_leases_before_record_is_its_files():
     rollout, update = (statistics.median(m[key] for m in steps) for key in ("time/rollout", "time/update"))
     assert statistics.median(m["time/rollout"] + m["time/update"] for m in steps) == record["seconds_per_step"]
     text = " ".join((REPORT.parents[1] / "multi_gpu.md").read_text().split())
-    assert (f"{rollout:.2f} + {update:.2f} = {record['seconds_per_step']:.2f} s a step" in text
+    assert (f"medians of {rollout:.2f} s rollout and {update:.2f} s update, {record['seconds_per_step']:.2f} s a step "
+            f"(the median of their sums over steps 2-{len(steps) + 1};" in text
             and f"{record['tokens_per_second']:.0f} real response tokens/s and {record['peak_memory_gib']:.1f} GiB" in text)
+    assert (FOURTH / "launches" / "before_ddp_4_cut.log").is_file() and "before_ddp_4_cut.log" in text
