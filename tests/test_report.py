@@ -15,7 +15,7 @@ from assignment.trainer.impl import load_impl
 from assignment.trainer.loop import train
 from assignment.trainer.report import _invocation_line, _wall_time, eval_pair
 from assignment.trainer.reward import extract_answer
-from assignment.trainer.runlog import eval_records_path, read_jsonl, write_jsonl_gz
+from assignment.trainer.runlog import eval_records_path, read_jsonl, write_gz
 
 REFERENCE = Path(__file__).resolve().parents[1] / "solutions" / "exercises.py"
 RECORD_FIELDS = {"question", "reference", "response", "answer", "correct"}
@@ -65,9 +65,14 @@ def test_the_per_problem_files_are_the_runs_records_compressed_the_same_each_tim
     steps = json.loads((bundle / "summary.json").read_text())["eval_steps"]
     for name, step in zip(("eval_before.jsonl.gz", "eval_after.jsonl.gz"), steps):
         assert gzip.decompress((bundle / name).read_bytes()) == eval_records_path(run, step).read_bytes()
+        header = (bundle / name).read_bytes()[:10]
+        assert header[4:8] == bytes(4) and header[9] == 255  # no timestamp, no system: see runlog.write_gz
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "eval_before.jsonl").write_text("{}\n")  # an older version's plain file, in the way
     assert cli.main(["--report", str(run), "--report-out", str(tmp_path / "tiny.md")]) == 0
     for name in ("eval_before.jsonl.gz", "eval_after.jsonl.gz"):
         assert (tmp_path / "tiny" / name).read_bytes() == (bundle / name).read_bytes()
+    assert not (tmp_path / "tiny" / "eval_before.jsonl").exists()
 
 
 def test_summary_is_recomputable_from_the_per_problem_files(reported):
@@ -116,6 +121,9 @@ def test_an_unfinished_final_evaluation_is_paired_on_the_problems_it_reached(rep
     (run / "eval.jsonl").write_text(json.dumps(evals[0]) + "\n")  # the last evaluation never finished
     after_file = run / "eval_samples" / f"step_{evals[-1]['step']}.jsonl"
     after_file.write_text("".join(line + "\n" for line in after_file.read_text().splitlines()[:4]))
+    first_file = eval_records_path(run, evals[0]["step"])
+    lines = first_file.read_text().splitlines(keepends=True)
+    first_file.write_text(lines[0] + "\n" + "".join(lines[1:]))  # a blank line: the cut counts records, not lines
     out = tmp_path / "partial.md"
     assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
     summary = json.loads((tmp_path / "partial" / "summary.json").read_text())
@@ -123,6 +131,8 @@ def test_an_unfinished_final_evaluation_is_paired_on_the_problems_it_reached(rep
     after = read_jsonl(tmp_path / "partial" / "eval_after.jsonl.gz")
     assert (summary["n"], summary["n_planned"]) == (4, 6) and len(before) == len(after) == 4
     assert [r["question"] for r in before] == [r["question"] for r in after]
+    whole_first = eval_records_path(run, evals[0]["step"]).read_bytes()
+    assert gzip.decompress((tmp_path / "partial" / "eval_before_all.jsonl.gz").read_bytes()) == whole_first
     assert read_jsonl(tmp_path / "partial" / "eval_before_all.jsonl.gz")[:4] == before
     assert summary["accuracy_before"] == sum(r["correct"] for r in before) / 4
     assert "the first 4 of 6 test problems" in out.read_text()
@@ -193,11 +203,11 @@ def _ablation_folder(root: Path, name: str, algorithm: str, after: list[int], af
     (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
 
     def records(correct, lengths, finished):
-        return [json.dumps({"question": f"q{i}", "correct": bool(c), "length": n, "finished": f}) + "\n"
-                for i, (c, n, f) in enumerate(zip(correct, lengths, finished))]
+        return "".join(json.dumps({"question": f"q{i}", "correct": bool(c), "length": n, "finished": f}) + "\n"
+                       for i, (c, n, f) in enumerate(zip(correct, lengths, finished))).encode()
 
-    write_jsonl_gz(records([1, 0, 0, 0], [10, 20, 30, 40], [True] * 4), folder / "eval_before.jsonl.gz")
-    write_jsonl_gz(records(after, after_lengths, after_finished), folder / "eval_after.jsonl.gz")
+    write_gz(records([1, 0, 0, 0], [10, 20, 30, 40], [True] * 4), folder / "eval_before.jsonl.gz")
+    write_gz(records(after, after_lengths, after_finished), folder / "eval_after.jsonl.gz")
     return folder
 
 
@@ -226,8 +236,29 @@ def test_compare_tables_refuse_to_pair_runs_on_different_problems(tmp_path):
     b = _ablation_folder(tmp_path, "b", "grpo", [1, 1, 0, 0], [10] * 4, [True] * 4)
     for name in ("eval_before.jsonl.gz", "eval_after.jsonl.gz"):
         moved = [{**r, "question": "other" if r["question"] == "q3" else r["question"]} for r in read_jsonl(b / name)]
-        write_jsonl_gz([json.dumps(r) + "\n" for r in moved], b / name)
+        write_gz("".join(json.dumps(r) + "\n" for r in moved).encode(), b / name)
     assert "| a (grpo) | b (grpo) | not the same problems | | |" in compare_tables([a, b]).splitlines()
+
+
+def test_compare_reads_an_older_versions_plain_files_and_names_a_broken_one(tmp_path, capsys):
+    """Report folders written before the per-problem files were compressed still compare; a
+    truncated, mislabelled or empty file gets one line naming it, not a traceback."""
+    from assignment.trainer.ablation import compare_tables
+
+    a = _ablation_folder(tmp_path, "a", "grpo", [1, 1, 0, 0], [10] * 4, [True] * 4)
+    b = _ablation_folder(tmp_path, "b", "grpo", [0, 1, 1, 0], [10] * 4, [True] * 4)
+    expected = compare_tables([a, b])
+    for name in ("eval_before", "eval_after"):  # b as an older version wrote it: plain JSONL
+        (b / f"{name}.jsonl").write_bytes(gzip.decompress((b / f"{name}.jsonl.gz").read_bytes()))
+        (b / f"{name}.jsonl.gz").unlink()
+    assert compare_tables([a, b]) == expected
+    broken = a / "eval_after.jsonl.gz"
+    whole = broken.read_bytes()
+    for damaged in (whole[:len(whole) // 2], gzip.decompress(whole), b""):  # truncated, not gzip, empty
+        broken.write_bytes(damaged)
+        assert cli.main(["--compare", str(a), str(b), "--compare-out", str(tmp_path / "c.png")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("ppo-train: ") and str(broken) in err and len(err.splitlines()) == 1, err
 
 
 def test_a_data_parallel_run_names_its_processes(reported, tmp_path):

@@ -21,16 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from assignment.trainer.report import AFTER, BEFORE, eval_pair
-from assignment.trainer.runlog import METRICS, REWARD_WINDOW, read_jsonl, run_label
+from assignment.trainer.runlog import METRICS, REWARD_WINDOW, RunFileError, read_jsonl, run_label
 from assignment.trainer.stats import McNemar, mcnemar_exact
 
 
 def evaluations(folder: Path) -> tuple[list[dict], list[dict]]:
     """The per-problem greedy records before and after training of a report folder or a run
-    directory (the same problems, in order). Raises FileNotFoundError where there are none."""
-    before, after = folder / BEFORE, folder / AFTER
-    if before.is_file() and after.is_file():
-        return read_jsonl(before), read_jsonl(after)
+    directory (the same problems, in order). Raises FileNotFoundError where there are none, and
+    RunFileError where a file is empty or unreadable."""
+    for before, after in ((folder / BEFORE, folder / AFTER),
+                          (folder / "eval_before.jsonl", folder / "eval_after.jsonl")):  # a folder of an older version
+        if before.is_file() and after.is_file():
+            records = read_jsonl(before), read_jsonl(after)
+            if not all(records):
+                raise RunFileError(f"{before if not records[0] else after} holds no evaluation records")
+            return records
     first, last, *_ = eval_pair(folder)
     return first, last
 

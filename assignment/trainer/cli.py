@@ -32,10 +32,10 @@ from assignment.trainer.impl import ImplError, load_impl
 from assignment.trainer.loading import ModelError
 from assignment.trainer.loop import TIME_LIMIT, RunDirError, RunResult, train
 from assignment.trainer.report import ReportError, write_report
-from assignment.trainer.runlog import REWARD_WINDOW
+from assignment.trainer.runlog import REWARD_WINDOW, RunFileError
 
 USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileNotFoundError, WorldSizeError,
-               ReportError)
+               ReportError, RunFileError)
 OUT_OF_MEMORY_ADVICE = (
     "The config asks more of this card than it has. For the Qwen recipe on a 24 or 16 GB card: "
     "configs/gsm8k_qwen_coder_24gb.yaml or configs/gsm8k_qwen_coder_16gb.yaml (README, 'Which GPU'); "

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, REWARD_WINDOW, eval_step_of, eval_records_path, plot_run,
-                                       read_jsonl, write_jsonl_gz)
+                                       read_jsonl, write_gz)
 from assignment.trainer.stats import mcnemar_exact
 
 # The *_first keys are the first minibatch's alone (ppo.FIRST_MINIBATCH_KEYS), 0 in a correct
@@ -43,7 +43,7 @@ TRAINING_KEYS = ["rollout/reward_mean", "rollout/correct_rate", "rollout/format_
                  "stats/approx_kl_first", "stats/policy_clipfrac", "stats/policy_clipfrac_first",
                  "stats/advantage_max", "loss/value", "time/rollout", "time/update", "memory/peak_memory_gib"]
 BUNDLE_FILES = ("metrics.jsonl", "config.yaml", "run.json")
-# A report folder's per-problem evaluations (gzip-compressed: ``runlog.write_jsonl_gz``).
+# A report folder's per-problem evaluations (gzip-compressed: ``runlog.write_gz``).
 BEFORE, AFTER, BEFORE_ALL = "eval_before.jsonl.gz", "eval_after.jsonl.gz", "eval_before_all.jsonl.gz"
 
 
@@ -367,6 +367,8 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
     summary = summarize(run_dir, staging_seconds, pair)
     bundle = out.with_suffix("")
     bundle.mkdir(exist_ok=True)
+    for stale in bundle.glob("eval_*.jsonl*"):  # an earlier report's, or an older version's plain files
+        stale.unlink()
     for name in BUNDLE_FILES:
         _copy(run_dir / name, bundle / name)
     before, after = (eval_records_path(run_dir, step) for step in summary["eval_steps"])
@@ -387,9 +389,14 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
 
 
 def _compress(source: Path, target: Path, n: int | None = None) -> None:
-    """The first ``n`` records (lines; all if None) of the JSONL ``source``, as they are,
-    gzip-compressed in ``target``: the problems the figures pair."""
-    write_jsonl_gz(source.read_text().splitlines(keepends=True)[:n], target)
+    """``source``'s bytes as they are, or only its lines up to its ``n``-th record (the problems
+    the figures pair), gzip-compressed into ``target``."""
+    data = source.read_bytes()
+    if n is not None:
+        lines = data.splitlines(keepends=True)
+        starts = [i for i, line in enumerate(lines) if line.strip()]  # where each record's line is
+        data = b"".join(lines[:starts[n]]) if n < len(starts) else data
+    write_gz(data, target)
 
 
 def _copy(source: Path, target: Path) -> None:

@@ -16,6 +16,7 @@ import gzip
 import json
 import sys
 import time
+import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,20 +35,32 @@ METRICS, EVALS, SAMPLES = "metrics.jsonl", "eval.jsonl", "samples.jsonl"
 REWARD_WINDOW = 10
 
 
+class RunFileError(ValueError):
+    """A run or report file that is not readable JSONL (truncated, corrupt, not gzip under a
+    ``.gz`` name): the CLI prints it, naming the file, without a traceback."""
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """The records of a JSONL file, [] where there is none; a ``.jsonl.gz`` is read through gzip
-    (a report folder's per-problem evaluations: ``write_jsonl_gz``)."""
+    (a report folder's per-problem evaluations: ``write_gz``). Raises RunFileError."""
     if not path.is_file():
         return []
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    try:
+        data = path.read_bytes()
+        text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (OSError, EOFError, zlib.error, ValueError) as err:  # BadGzipFile is an OSError; JSON and UTF-8 errors ValueErrors
+        raise RunFileError(f"{path} is not readable {'gzip-compressed ' * (path.suffix == '.gz')}JSONL: {err}") from err
 
 
-def write_jsonl_gz(lines: list[str], path: Path) -> None:
-    """JSONL ``lines`` (each ending in a newline), gzip-compressed into ``path``. A GSM8K
-    evaluation of 1319 responses is ~1.9 MB of text and ~0.37 MB compressed, and report folders
-    are committed; mtime=0 leaves no timestamp in the header, so the same records give the same bytes."""
-    path.write_bytes(gzip.compress("".join(lines).encode(), compresslevel=9, mtime=0))
+def write_gz(data: bytes, path: Path) -> None:
+    """``data`` gzip-compressed into ``path``. A GSM8K evaluation of 1319 responses is ~1.9 MB of
+    JSONL and ~0.37 MB compressed, and report folders are committed. The header carries no
+    timestamp (mtime=0) and "unknown" as its OS byte (Python < 3.13 writes the system's, 3.13
+    writes 255), so the same data give the same bytes on every machine with the same zlib."""
+    compressed = bytearray(gzip.compress(data, compresslevel=9, mtime=0))
+    compressed[9] = 255  # RFC 1952's OS field
+    path.write_bytes(bytes(compressed))
 
 
 def _truncate(path: Path, last_step: int) -> None:
