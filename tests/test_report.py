@@ -131,8 +131,7 @@ def test_an_unfinished_final_evaluation_is_paired_on_the_problems_it_reached(rep
     after = read_jsonl(tmp_path / "partial" / "eval_after.jsonl.gz")
     assert (summary["n"], summary["n_planned"]) == (4, 6) and len(before) == len(after) == 4
     assert [r["question"] for r in before] == [r["question"] for r in after]
-    whole_first = eval_records_path(run, evals[0]["step"]).read_bytes()
-    assert gzip.decompress((tmp_path / "partial" / "eval_before_all.jsonl.gz").read_bytes()) == whole_first
+    assert gzip.decompress((tmp_path / "partial" / "eval_before_all.jsonl.gz").read_bytes()) == first_file.read_bytes()
     assert read_jsonl(tmp_path / "partial" / "eval_before_all.jsonl.gz")[:4] == before
     assert summary["accuracy_before"] == sum(r["correct"] for r in before) / 4
     assert "the first 4 of 6 test problems" in out.read_text()

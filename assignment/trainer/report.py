@@ -44,12 +44,8 @@ TRAINING_KEYS = ["rollout/reward_mean", "rollout/correct_rate", "rollout/format_
                  "stats/advantage_max", "loss/value", "time/rollout", "time/update", "memory/peak_memory_gib"]
 BUNDLE_FILES = ("metrics.jsonl", "config.yaml", "run.json")
 # A report folder's per-problem evaluations (gzip-compressed: ``runlog.write_gz``).
+# Each evaluation between the first and the last: eval_step_N.jsonl.gz.
 BEFORE, AFTER, BEFORE_ALL = "eval_before.jsonl.gz", "eval_after.jsonl.gz", "eval_before_all.jsonl.gz"
-
-
-def between_name(step: int) -> str:
-    """The report folder's file of the evaluation after ``step``, between the first and the last."""
-    return f"eval_step_{step}.jsonl.gz"
 
 
 class ReportError(ValueError):
@@ -377,7 +373,7 @@ def write_report(run_dir: Path, out: Path | None = None, staging_seconds: float 
         _compress(before, bundle / BEFORE_ALL)  # and the whole first one is kept beside
     _compress(before, bundle / BEFORE, summary["n"])
     for e in summary["evals_between"]:
-        _compress(eval_records_path(run_dir, e["step"]), bundle / between_name(e["step"]), summary["n"])
+        _compress(eval_records_path(run_dir, e["step"]), bundle / f"eval_step_{e['step']}.jsonl.gz", summary["n"])
     (bundle / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     curve = run_dir / "reward_curve.png"
     if not curve.is_file():
