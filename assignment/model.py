@@ -35,6 +35,10 @@ class PolicyWithValueHead(nn.Module):
         # noise from a random projection of large hidden states.
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
+        # The dtype the logits are returned in (None: the LM's own). float32 for a float16 LM that
+        # trains with loss scaling (assignment/trainer/precision.py): the scaled gradient must meet
+        # the logits before anything casts it to float16.
+        self.logits_dtype: torch.dtype | None = None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,8 +73,9 @@ class PolicyWithValueHead(nn.Module):
         return hidden, self.values(hidden)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The LM head: hidden states (..., H) -> logits (..., V)."""
-        return self.lm.get_output_embeddings()(hidden)
+        """The LM head: hidden states (..., H) -> logits (..., V), in ``logits_dtype`` if set."""
+        logits = self.lm.get_output_embeddings()(hidden)
+        return logits if self.logits_dtype is None else logits.to(self.logits_dtype)
 
 
 def _is_sharded(module: nn.Module) -> bool:

@@ -355,9 +355,9 @@ def first_kl_tolerances(monkeypatch) -> list[float]:
     tolerances = []
     warn = loop.warn_first_kl
 
-    def recording(run, step, metrics, logprobs):
-        tolerances.append(first_kl_tolerance(run.policy, float(logprobs.abs().max())))
-        return warn(run, step, metrics, logprobs)
+    def recording(run, step, metrics, logprobs, sampler_gap=None):
+        tolerances.append(first_kl_tolerance(run.scorer, float(logprobs.abs().max()), sampler_gap))
+        return warn(run, step, metrics, logprobs, sampler_gap)
 
     monkeypatch.setattr(loop, "warn_first_kl", recording)
     return tolerances

@@ -48,6 +48,13 @@ class ModelConfig:
     dtype: str = "float32"
     # Trade compute for memory in the update's forward/backward.
     gradient_checkpointing: bool = False
+    # null: the policy trains in model.dtype. bfloat16 | float16 (with model.dtype float32): 16-bit
+    # training with float32 master weights (assignment/trainer/precision.py): a 16-bit copy of the
+    # policy runs the rollout's scoring forwards and exercise 5's forwards and backwards, on the tensor
+    # cores' 16-bit rate; the optimizer steps the float32 weights and keeps its state for them.
+    # float16 (T4, V100: no bfloat16) with dynamic loss scaling. One process only (no DDP or FSDP).
+    # Evaluation still decodes with the float32 weights.
+    train_dtype: Optional[str] = None
     # The frozen reference's dtype (null: model.dtype). bfloat16 halves its memory (1 GB less for a
     # 0.5B model); its log-probs, and so the k1 penalty, then carry bfloat16 rounding
     # (the course repository's reference_precision benchmark measures how much). float16 on cards without
@@ -262,6 +269,13 @@ class EvalConfig:
     size: int = 200
     every: int = 0
     batch_size: int = 64
+    # null: decode with the policy's own weights (float32 in every config here). "sampler": with
+    # rollout.generation_dtype's 16-bit copy, refreshed from the policy first (eager, dynamic cache
+    # as always): on a card whose float32 rate is low (T4, V100: 1/8 of float16's) the float32
+    # evaluations are a large share of a run. Its accuracies differ from float32 decoding by the
+    # copy's rounding, so a run's evaluations before and after are comparable with each other, not
+    # with float32-evaluated runs.
+    model: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -367,6 +381,10 @@ def _validate(cfg: Config) -> None:
     need(not cfg.model.random_init or (cfg.model.name != "synthetic" and cfg.model.gguf_file is None),
          "model.random_init builds model.name's config.json with random weights: not for synthetic or a GGUF file")
     need(cfg.model.dtype in ("float32", "bfloat16", "float16"), f"model.dtype must be float32, bfloat16 or float16, got '{cfg.model.dtype}'")
+    need(cfg.model.train_dtype in (None, "bfloat16", "float16"),
+         f"model.train_dtype must be null, bfloat16 or float16, got '{cfg.model.train_dtype}'")
+    need(cfg.model.train_dtype is None or cfg.model.dtype == "float32",
+         f"model.train_dtype keeps float32 master weights: it needs model.dtype=float32, got '{cfg.model.dtype}'")
     need(data.task in ("synthetic", "gsm8k"), f"data.task must be 'synthetic' or 'gsm8k', got '{data.task}'")
     need("{question}" in data.prompt_template, "data.prompt_template must contain '{question}'")
     need(data.max_operand >= 1, "data.max_operand must be >= 1")
@@ -436,6 +454,9 @@ def _validate(cfg: Config) -> None:
     # The controller multiplies the coefficient: from 0 it would stay 0 for ever.
     need(not cfg.kl.adaptive or cfg.kl.coeff > 0, "kl.adaptive needs kl.coeff > 0 (the controller scales it)")
     need(cfg.eval.size >= 0 and cfg.eval.every >= 0 and cfg.eval.batch_size >= 1, "eval.size and eval.every must be >= 0, eval.batch_size >= 1")
+    need(cfg.eval.model in (None, "sampler"), f"eval.model must be null or sampler, got '{cfg.eval.model}'")
+    need(cfg.eval.model is None or rollout.generation_dtype is not None,
+         "eval.model=sampler decodes with rollout.generation_dtype's copy: set rollout.generation_dtype")
     need(cfg.train.steps >= 1, "train.steps must be >= 1")
     need(cfg.train.cpu_threads is None or cfg.train.cpu_threads >= 1, "train.cpu_threads must be null or >= 1")
     need(cfg.train.time_limit_s is None or cfg.train.time_limit_s >= 0, "train.time_limit_s must be null or >= 0")

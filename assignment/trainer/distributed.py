@@ -112,6 +112,11 @@ class Distributed:
             raise ConfigError(f"rollout.batch_size ({batch}) and ppo.minibatch_size ({minibatch}) are global and "
                               f"must be divisible by the number of processes ({n})")
         process_minibatches(cfg.ppo, n)
+        # DDP and FSDP reduce the gradients of the parameters that run the backward: the 16-bit
+        # copy's, which assignment.trainer.precision frees as they arrive.
+        if self.active and cfg.model.train_dtype is not None:
+            raise ConfigError("model.train_dtype runs on one process only: set model.train_dtype=null under "
+                              "accelerate launch")
         # Its gradient weights are hooks on the parameters, untested on FSDP's sharded ones.
         if self.fsdp and cfg.ppo.length_grouping:
             raise ConfigError("ppo.length_grouping is not supported under FSDP: set ppo.length_grouping=false")
@@ -335,7 +340,8 @@ def whole_rollout(dist: Distributed, rollout: Rollout, pad_token_id: int) -> Rol
     prompt_mask = dist.gather_rows(s.prompt_mask, pad_first=True)  # (B, P)
     response_ids = dist.gather_rows(s.response_ids, pad_value=pad_token_id)  # (B, T)
     response_mask = dist.gather_rows(s.response_mask)  # (B, T) bool
-    whole = Sample(prompt_ids, prompt_mask, response_ids, response_mask, dist.gather_rows(s.finished))
+    sampled = None if s.sampler_logprobs is None else dist.gather_rows(s.sampler_logprobs)  # (B, T)
+    whole = Sample(prompt_ids, prompt_mask, response_ids, response_mask, dist.gather_rows(s.finished), sampled)
     return Rollout(whole, torch.cat([prompt_ids, response_ids], dim=1),  # (B, P+T)
                    torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1),
                    dist.gather_rows(rollout.logprobs), dist.gather_rows(rollout.ref_logprobs),

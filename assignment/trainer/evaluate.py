@@ -31,7 +31,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from assignment.model import PolicyWithValueHead
 from assignment.trainer.config import Config, RolloutConfig
@@ -76,13 +76,14 @@ def eval_rollout_config(cfg: Config) -> RolloutConfig:
 
 
 def evaluate_batches(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizerBase, problems: Sequence[Problem],
-                     cfg: Config) -> Iterator[list[dict[str, Any]]]:
-    """Greedy responses to ``problems``, ``eval.batch_size`` at a time: the records of each batch."""
+                     cfg: Config, sampler: PreTrainedModel | None = None) -> Iterator[list[dict[str, Any]]]:
+    """Greedy responses to ``problems``, ``eval.batch_size`` at a time: the records of each batch.
+    Decoded by ``sampler`` (eval.model=sampler: the 16-bit copy) if given, else by the policy."""
     size, decoding = cfg.eval.batch_size, eval_rollout_config(cfg)
     for start in range(0, len(problems), size):
         chunk = problems[start:start + size]
         prompts = render_prompts(tokenizer, [problem.question for problem in chunk], cfg.data)
-        responses = sample(policy, tokenizer, prompts, decoding, greedy=True)
+        responses = sample(policy, tokenizer, prompts, decoding, greedy=True, sampler=sampler)
         lengths = responses.response_mask.sum(dim=-1).tolist()
         texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
         records = []

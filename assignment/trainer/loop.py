@@ -35,6 +35,7 @@ says what is gathered and what FSDP changes).
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import random
@@ -60,8 +61,9 @@ from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.impl import ImplError
 from assignment.trainer.loading import DTYPES, build_models, compile_layers, load_tokenizer
 from assignment.trainer.offload import FrozenParking
+from assignment.trainer.precision import MixedPrecision
 from assignment.trainer.ppo import (FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance, guard_advantages, kl_penalties, ppo_update,
-                                   process_minibatches, sequence_kl)
+                                   process_minibatches, sampler_mismatch, sequence_kl)
 from assignment.trainer.reward import Score, score
 from assignment.trainer.rollout import Rollout, Sample, collect, generation_copy, refresh_copy, render_prompts
 from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, SAMPLES, Progress, RunLogger, eval_records_path,
@@ -196,6 +198,13 @@ class Run:
     model: torch.nn.Module | None = None  # what the update trains: policy, or its DDP wrapper (None: policy)
     first_kl_warned: bool = False  # the approx_kl_first warning is printed once per invocation
     parking: FrozenParking | None = None  # model.offload_frozen: ref and sampler off the GPU outside rollouts
+    precision: MixedPrecision | None = None  # model.train_dtype: the 16-bit working copy around policy (None: off)
+
+    @property
+    def scorer(self) -> PolicyWithValueHead:
+        """The policy that runs the rollout's forwards and exercise 5's: the 16-bit working copy
+        under model.train_dtype, else the policy itself."""
+        return self.policy if self.precision is None else self.precision.working
 
 
 def open_run_dir(cfg: Config, resume: bool) -> Path:
@@ -233,23 +242,28 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     disable_dropout(policy)
     disable_dropout(ref)
     problems = load_problems(cfg.data, cfg.train.seed)
-    # The copy's weights are refreshed before every rollout; taken here, before FSDP shards policy.lm.
+    # The copies' weights are refreshed from the policy's; taken here, before FSDP shards policy.lm
+    # and before compile_layers (a copy of a compiled layer would call the original's forward).
     sampler = generation_copy(policy.lm, DTYPES[cfg.rollout.generation_dtype]) if cfg.rollout.generation_dtype else None
-    if cfg.model.compile and device.type == "cuda":  # after the copy: the sampler is transformers' to compile
-        compile_layers(policy.lm)
+    precision = MixedPrecision(policy, DTYPES[cfg.model.train_dtype]) if cfg.model.train_dtype else None
+    if cfg.model.compile and device.type == "cuda":  # the sampler is transformers' to compile
+        compile_layers(policy.lm if precision is None else precision.working.lm)  # what runs the forwards
         compile_layers(ref)
-    model = dist.wrap(policy)  # before the optimizer: FSDP replaces the parameters by their shards
+    # before the optimizer: FSDP replaces the parameters by their shards (model.train_dtype: one process)
+    model = dist.wrap(policy) if precision is None else precision
     optimizer = build_optimizer(policy, cfg.ppo)
+    if precision is not None:
+        precision.attach(optimizer)
     scheduler = get_scheduler(cfg.ppo.lr_scheduler, optimizer, num_warmup_steps=cfg.ppo.warmup_steps,
                               num_training_steps=optimizer_steps(cfg))
     kl_ctl, curriculum = KLController(cfg.kl), Curriculum(cfg.data)
     if dist.rank:  # the same weights everywhere (seeded above), but each process samples its own responses
         seed_everything(process_seed(cfg.train.seed, dist.rank))
-    start_step = restore(out, policy, optimizer, scheduler, kl_ctl, curriculum, dist) if resume else 0
+    start_step = restore(out, policy, optimizer, scheduler, kl_ctl, curriculum, dist, precision) if resume else 0
     logger = RunLogger(out, cfg, start_step) if dist.is_main else NullLogger()
     return Run(out, device, tokenizer, policy, ref, problems, optimizer, scheduler, kl_ctl, curriculum,
                logger, start_step, progress, deadline, start_step if resume else None, sampler, dist, model,
-               parking=FrozenParking(ref, sampler) if cfg.model.offload_frozen else None)
+               parking=FrozenParking(ref, sampler) if cfg.model.offload_frozen else None, precision=precision)
 
 
 def cap_gpu_memory(device: torch.device, gib: float | None) -> dict[str, float]:
@@ -313,7 +327,8 @@ def optimizer_groups(policy: PolicyWithValueHead, ppo: PPOConfig) -> list[dict[s
 
 
 def restore(out: Path, policy: PolicyWithValueHead, optimizer: torch.optim.Optimizer,
-            scheduler: Any, kl_ctl: KLController, curriculum: Curriculum, dist: Distributed) -> int:
+            scheduler: Any, kl_ctl: KLController, curriculum: Curriculum, dist: Distributed,
+            precision: MixedPrecision | None = None) -> int:
     """Load the checkpoint in ``out`` into these objects and set every RNG state from it, so that
     the run continues as if never stopped; return the checkpoint's step."""
     state = checkpoint.load(out)
@@ -322,6 +337,10 @@ def restore(out: Path, policy: PolicyWithValueHead, optimizer: torch.optim.Optim
     scheduler.load_state_dict(state["scheduler"])
     kl_ctl.load_state_dict(state["kl"])
     curriculum.load_state_dict(state["curriculum"])
+    if precision is not None:
+        precision.refresh()  # the working copy from the loaded masters
+        if precision.scaler is not None and "loss_scale" in state:
+            precision.scaler.load_state_dict(state["loss_scale"])
     tqdm.write(f"resuming {out} from step {state['step']}")
     return state["step"]
 
@@ -329,6 +348,8 @@ def restore(out: Path, policy: PolicyWithValueHead, optimizer: torch.optim.Optim
 def save(run: Run, step: int) -> None:
     """Checkpoint ``run`` as of ``step``: what ``restore`` loads."""
     extra = {"kl": run.kl_ctl.state_dict(), "curriculum": run.curriculum.state_dict(), **run.dist.checkpoint_extra()}
+    if run.precision is not None and run.precision.scaler is not None:
+        extra["loss_scale"] = run.precision.scaler.state_dict()
     # Every process takes part in gathering the full states (FSDP); the main one writes them.
     policy_state, optimizer_state = run.dist.model_state(run.policy), run.dist.optimizer_state(run.policy, run.optimizer)
     run.dist.on_main(lambda: checkpoint.save(run.out, step, policy_state, optimizer_state, run.scheduler, extra))
@@ -357,7 +378,7 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
         run.parking.unpark()
     if run.sampler is not None:
         refresh_copy(run.sampler, run.policy.lm)  # the weights of the last update (or of the checkpoint)
-    rollout = collect(run.policy, run.ref, run.tokenizer, prompts, cfg.rollout, run.sampler)
+    rollout = collect(run.scorer, run.ref, run.tokenizer, prompts, cfg.rollout, run.sampler)
     if run.parking is not None:  # neither is needed again before the next rollout
         run.parking.park()
     response_mask = rollout.sample.response_mask  # (B, T)
@@ -389,7 +410,8 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     if cfg.algorithm != "ppo":
         batch = grpo.update_batch(batch, mine.ref_logprobs)
     update_metrics = update(run, cfg, impl, step, batch, skip)
-    warn_first_kl(run, step, update_metrics, rollout.logprobs[response_mask.bool()])
+    real, sampled = response_mask.bool(), rollout.sample.sampler_logprobs
+    warn_first_kl(run, step, update_metrics, rollout.logprobs[real], None if sampled is None else (sampled - rollout.logprobs)[real])
     metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **guard_metrics,
                **update_metrics, "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done,
                **step_peaks(rollout_memory, peak_memory(run.device, "memory/update_"))}
@@ -431,14 +453,16 @@ def update(run: Run, cfg: Config, impl: ModuleType, step: int, batch: dict[str, 
     return metrics
 
 
-def warn_first_kl(run: Run, step: int, metrics: dict[str, float], logprobs: torch.Tensor) -> None:
+def warn_first_kl(run: Run, step: int, metrics: dict[str, float], logprobs: torch.Tensor,
+                  sampler_gap: torch.Tensor | None = None) -> None:
     """Print a warning, once, on the first step whose first minibatch's approx_kl is not 0 within
     float rounding (ppo.first_kl_tolerance): there the ratio must be exactly 1, and a step mean
-    cannot show it. ``logprobs`` (N,): the rollout's log-probs on real tokens."""
+    cannot show it. ``logprobs`` (N,): the rollout's log-probs on real tokens; ``sampler_gap`` (N,):
+    the sampler's own log-probs minus those (the rounding of a 16-bit policy)."""
     first_kl = metrics.get("stats/approx_kl_first")
     if run.first_kl_warned or first_kl is None or logprobs.numel() == 0:
         return
-    tolerance = first_kl_tolerance(run.policy, float(logprobs.abs().max()))
+    tolerance = first_kl_tolerance(run.scorer, float(logprobs.abs().max()), sampler_gap)
     if not abs(first_kl) <= tolerance:  # NaN warns too
         run.first_kl_warned = True
         tqdm.write(f"[step {step}] WARNING: stats/approx_kl_first = {first_kl:.3g}, not 0 within float rounding "
@@ -474,6 +498,8 @@ def rollout_metrics(rollout: Rollout, final_rewards: torch.Tensor, scores: list[
         "rollout/kl": float(sequence_kl(rollout.logprobs, rollout.ref_logprobs, responses.response_mask).mean()),
         "rollout/kl_coeff": kl_coeff,
         "rollout/value_mean": float(rollout.values[responses.response_mask].mean()),
+        **({} if responses.sampler_logprobs is None else
+           sampler_mismatch(responses.sampler_logprobs, rollout.logprobs, responses.response_mask)),
     }
 
 
@@ -499,8 +525,13 @@ def run_eval(run: Run, cfg: Config, step: int) -> None:
               disable=not cfg.train.progress) as bar:
         started = time.time()
         reset_peak_memory(run.device)
-        for batch in sharded_eval_batches(run.dist, evaluate_batches, run.policy, run.tokenizer,
-                                          problems[len(records):], cfg):
+        decode = evaluate_batches
+        if cfg.eval.model == "sampler":  # the 16-bit copy, with the policy's current weights
+            if run.parking is not None:
+                run.parking.unpark()
+            refresh_copy(run.sampler, run.policy.lm)
+            decode = functools.partial(evaluate_batches, sampler=run.sampler)
+        for batch in sharded_eval_batches(run.dist, decode, run.policy, run.tokenizer, problems[len(records):], cfg):
             run.logger.eval_records(step, batch)
             records += batch
             bar.update(len(batch))
@@ -544,6 +575,7 @@ def step_line(step: int, metrics: dict[str, float]) -> str:
     """One line of a step's main metrics, for logs without a terminal."""
     fields = [("reward", "rollout/reward_mean", ".3f"), ("correct", "rollout/correct_rate", ".3f"),
               ("len", "rollout/response_length", ".0f"), ("kl", "rollout/kl", ".2f"), ("kl_coeff", "rollout/kl_coeff", ".4f"),
+              ("sampler_kl", "rollout/sampler_kl", ".1e"), ("far", "rollout/sampler_far_share", ".1e"),
               ("approx_kl", "stats/approx_kl", ".4f"), ("approx_kl_first", "stats/approx_kl_first", ".1e"),
               ("clipfrac", "stats/policy_clipfrac", ".3f"),
               ("minibatches", "stats/minibatches", ".0f"), ("rollout_s", "time/rollout", ".1f"), ("update_s", "time/update", ".1f")]

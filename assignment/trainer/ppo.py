@@ -31,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from assignment.helpers import masked_mean
 from assignment.trainer.batch import minibatches
 from assignment.trainer.config import Config, ConfigError, KLConfig, PPOConfig
+from assignment.trainer.precision import MixedPrecision
 
 # SB3's factor: a step's update stops once a minibatch's approx_kl passes 1.5 * ppo.target_kl.
 TARGET_KL_FACTOR = 1.5
@@ -43,7 +44,7 @@ FIRST_MINIBATCH_KEYS = {"stats/approx_kl": "stats/approx_kl_first",
                         "stats/policy_clipfrac": "stats/policy_clipfrac_first"}
 
 
-def first_kl_tolerance(policy: torch.nn.Module, max_abs_logprob: float) -> float:
+def first_kl_tolerance(policy: torch.nn.Module, max_abs_logprob: float, sampler_gap: torch.Tensor | None = None) -> float:
     """How far from 0 the first minibatch's approx_kl may be from floating-point rounding alone.
 
     The rollout and the update compute log p = logit / temperature - logsumexp(...) with the same
@@ -59,12 +60,27 @@ def first_kl_tolerance(policy: torch.nn.Module, max_abs_logprob: float) -> float
     The CPU demo's model (hidden 128, MLP 256, 2 layers, 17 weight matrices, |log p| <= 4.2):
     (17 + 2 * 2 + 1) * 256 * 2^-24 * 4.2 = 1.4e-3, where correct code measures exactly 0; in the
     demo (temperature 0.8) a forgotten temperature gave 3.0e-3 at step 1 and up to 6.6e-2 by
-    step 5, a slice one position late 3.6e-2 at step 1. A worst-case bound: on large models in
-    bfloat16 it exceeds any real difference, so the check is silent there rather than wrong.
+    step 5, a slice one position late 3.6e-2 at step 1. A worst-case bound: on large models it
+    exceeds any real difference, so the check is silent there rather than wrong.
+
+    A policy in 16 bits (model.train_dtype, or model.dtype) has u = 2^-8 (bfloat16): the worst case
+    above is then silent even on the CPU demo's model (92 there), where correct code measures 0. So
+    the bound comes from the rounding this precision actually makes, measured on the same step:
+    ``sampler_gap`` (N,), the differences, token by token over the batch, between the sampler's own
+    log-probs of its tokens and logprobs_old (``rollout.SampledLogprobs``): two 16-bit computations
+    of the same log-probs with the same weights by other kernels on other shapes (the decoding step
+    with its KV cache, and the scoring forward), as the update's forward is a third. approx_kl_first
+    is a token mean of such differences e_t, and |mean e_t| <= sqrt(mean e_t^2) (Cauchy-Schwarz),
+    so the bound is their root mean square. For zero-mean rounding it is ~sqrt(N) times the mean's
+    actual size (~60x at 4,000 tokens), room for the update's kernels to round differently from
+    the decoder's. Measured on the CPU demo's model in bfloat16: 1.5e-3 to 3e-3, where correct code
+    gives 0 and a slice one position late 3.6e-2.
     """
     matrices = [p for p in policy.parameters() if p.dim() == 2]
     if not matrices:
         return math.inf
+    if torch.finfo(matrices[0].dtype).bits == 16 and sampler_gap is not None and sampler_gap.numel():
+        return float(sampler_gap.float().pow(2).mean().sqrt())
     config = getattr(getattr(policy, "lm", None), "config", None)
     layers = getattr(config.get_text_config(), "num_hidden_layers", 0) if config is not None else 0
     chain = len(matrices) + 2 * layers + 1
@@ -135,6 +151,30 @@ def kl_penalties(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_ma
 def sequence_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """(B,) k1 estimate of KL(policy || reference) summed over each response's real tokens."""
     return torch.where(response_mask.bool(), logprobs - ref_logprobs, 0.0).sum(dim=-1)
+
+
+# A token is "far" when the policy and the sampler disagree on its probability by more than this factor.
+FAR_RATIO = 2.0
+
+
+def sampler_mismatch(sampler_logprobs: torch.Tensor, logprobs: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    """How far the distribution that sampled the responses is from the policy that PPO treats as
+    having sampled them (``rollout.generation_dtype``'s copy decodes; ``logprobs_old`` come from the
+    policy's forward). Over the real tokens of the batch, with ``log r = log pi_policy - log pi_sampler``:
+
+    - ``rollout/sampler_kl``: the token mean of ``-log r``, the k1 estimate of KL(sampler || policy)
+      per token (the tokens were drawn from the sampler);
+    - ``rollout/sampler_ratio_max``: the largest ``r``, the importance weight a correction would give;
+    - ``rollout/sampler_far_share``: the share of tokens whose ``r`` is outside [1/2, 2].
+
+    Args: sampler_logprobs, logprobs, response_mask: (B, T); padding may hold anything.
+    """
+    log_ratio = (logprobs.float() - sampler_logprobs.float())[response_mask.bool()]  # (N,)
+    if log_ratio.numel() == 0:
+        return {}
+    return {"rollout/sampler_kl": float(-log_ratio.mean()),
+            "rollout/sampler_ratio_max": float(log_ratio.max().exp()),
+            "rollout/sampler_far_share": float((log_ratio.abs() > math.log(FAR_RATIO)).float().mean())}
 
 
 def guard_advantages(final_rewards: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor,
@@ -347,7 +387,9 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
             weights = itertools.repeat(None)
         for i, (minibatch, weight) in enumerate(zip(epoch, weights)):
             step_optimizer = (i + 1) % accum == 0
-            with gradient_sync(policy, step_optimizer), scaled_gradients(policy, weight):
+            # under model.train_dtype the working copy's parameters are the ones autograd reaches
+            autograd_model = policy.working if isinstance(policy, MixedPrecision) else policy
+            with gradient_sync(policy, step_optimizer), scaled_gradients(autograd_model, weight):
                 if around is None:
                     metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
                 else:
@@ -356,6 +398,8 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
                     metrics = {**metrics, **extra}
             if step_optimizer:
                 scheduler.step()
+                if isinstance(policy, MixedPrecision):
+                    policy.end_cycle()
             for key, value in metrics.items():
                 sums[key] += float(value)
                 counts[key] += 1
@@ -376,6 +420,8 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     means = {key: sums[key] / counts[key] for key in sums} | first
     means.update({"stats/lr": scheduler.get_last_lr()[0], "stats/minibatches": float(ran),
                   "stats/early_stop": float(stopped)})
+    if isinstance(policy, MixedPrecision):
+        means.update(policy.metrics())
     if stopped:
         means.update({"stats/early_stop_minibatch": float(ran - 1),
                       "stats/early_stop_approx_kl": float(metrics["stats/approx_kl"])})

@@ -22,6 +22,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.generation import LogitsProcessor, LogitsProcessorList
 from transformers.generation import utils as generation_utils
 
 from assignment.trainer.config import DataConfig, RolloutConfig
@@ -84,10 +85,49 @@ def response_mask_from_ids(response_ids: torch.Tensor, eos_ids: Sequence[int]) -
     return eos_before == 0
 
 
+class SampledLogprobs(LogitsProcessor):
+    """Records, while ``generate`` decodes, the sampler's own log-probability of each token it
+    samples: ``log_softmax(logits / temperature)`` at that token, from the logits of the decoding
+    step itself (its KV cache, its dtype, its compiled kernels), as ``logprobs_old`` defines it (the
+    full tempered softmax, before any top-k / top-p cut). verl's rollout log-probs and vLLM's
+    ``logprobs`` are the same quantity.
+
+    transformers runs processors passed to ``generate`` before its own temperature and top-k / top-p
+    warpers, so each call sees the step's raw logits (B, V) in float32, and ``input_ids`` whose last
+    column is the token sampled at the previous step: each call picks that token's log-prob from the
+    previous call's log-softmax. The last sampled token has no call after it: ``logprobs`` picks it
+    from the last log-softmax kept. Memory: one (B, V) float32 log-softmax at a time."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.last: torch.Tensor | None = None  # (B, V) log-softmax of the last step's logits
+        self.picked: list[torch.Tensor] = []  # (B,) per decoding step but the last
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.last is not None:
+            self.picked.append(self.last.gather(-1, input_ids[:, -1:])[:, 0])
+        self.last = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def logprobs(self, response_ids: torch.Tensor) -> torch.Tensor:
+        """(B, T) the log-probs of ``response_ids`` (B, T) as sampled; padding holds unspecified
+        finite values. A decoding loop that ran a step past T (transformers' deferred stop check)
+        left one more: cut."""
+        T = response_ids.shape[1]
+        picked = self.picked[:T]
+        if len(picked) == T - 1:
+            picked.append(self.last.gather(-1, response_ids[:, T - 1:])[:, 0])
+        if len(picked) != T:
+            raise RuntimeError(f"recorded {len(self.picked)} decoding steps for {T} response tokens")
+        return torch.stack(picked, dim=1) if picked else response_ids.new_zeros(response_ids.shape, dtype=torch.float32)
+
+
 @torch.no_grad()
 def generate(lm: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: RolloutConfig,
-             pad_token_id: int, eos_ids: Sequence[int], greedy: bool = False) -> torch.Tensor:
-    """Sample (or greedily decode) responses; returns response ids (B, T), T <= max_new_tokens."""
+             pad_token_id: int, eos_ids: Sequence[int], greedy: bool = False,
+             record: SampledLogprobs | None = None) -> torch.Tensor:
+    """Sample (or greedily decode) responses; returns response ids (B, T), T <= max_new_tokens.
+    ``record`` receives the sampled tokens' log-probs as the sampler computed them."""
     # A fresh GenerationConfig: a model's own defaults (Qwen ships top_k=20, repetition_penalty
     # 1.05, ...) would otherwise silently change the sampling distribution the ratio assumes.
     # Generation stops when every row has ended with an EOS id (or at max_new_tokens).
@@ -104,7 +144,7 @@ def generate(lm: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.T
     # Decoding with a growing cache would recompile model.compile's layers at every length.
     with nullcontext() if synced else deferred_stop_check(prompt_ids.device), eager_layers(lm):
         out = lm.generate(input_ids=prompt_ids, attention_mask=prompt_mask, generation_config=gen_cfg,
-                          synced_gpus=synced)
+                          synced_gpus=synced, logits_processor=LogitsProcessorList([record] if record else []))
     return out[:, prompt_ids.shape[1]:]
 
 
@@ -271,6 +311,8 @@ class Sample:
     response_ids: torch.Tensor  # (B, T) right-padded with the pad token
     response_mask: torch.Tensor  # (B, T) bool, up to and including the first EOS
     finished: torch.Tensor  # (B,) bool, the response ended with EOS
+    # (B, T) the sampler's own tempered log-probs of the response tokens (SampledLogprobs); None when greedy
+    sampler_logprobs: torch.Tensor | None = None
 
 
 @torch.no_grad()
@@ -283,16 +325,17 @@ def sample(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizerBase, prom
     # too, where nothing compiles, so that CPU tests run this path.)
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts, cfg.max_prompt_tokens, device, fixed_length=cfg.compile)
     eos_ids = eos_token_ids(policy.lm, tokenizer)
+    record = None if greedy else SampledLogprobs(cfg.temperature)
     with eval_mode(policy):
         response_ids = generate(policy.lm if sampler is None else sampler, prompt_ids, prompt_mask, cfg,
-                                tokenizer.pad_token_id, eos_ids, greedy)
+                                tokenizer.pad_token_id, eos_ids, greedy, record)
     if cfg.compile:  # drop the all-padding columns that only fixed the shape: the update need not pay for them
         longest = int(prompt_mask.sum(dim=-1).max())
         prompt_ids, prompt_mask = prompt_ids[:, -longest:], prompt_mask[:, -longest:]
     mask = response_mask_from_ids(response_ids, eos_ids)
     finished = (torch.isin(response_ids, torch.tensor(eos_ids, device=device)) & mask).any(dim=-1)
     response_ids = torch.where(mask, response_ids, tokenizer.pad_token_id)
-    return Sample(prompt_ids, prompt_mask, response_ids, mask, finished)
+    return Sample(prompt_ids, prompt_mask, response_ids, mask, finished, None if record is None else record.logprobs(response_ids))
 
 
 @dataclass

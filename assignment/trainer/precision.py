@@ -1,0 +1,180 @@
+"""16-bit training with float32 master weights (``model.train_dtype``).
+
+The optimizer keeps the policy in float32 (the *masters*: at lr 2e-6 a 16-bit weight would round
+most updates away), while a copy of it in bfloat16 or float16 (the *working copy*) runs every
+forward and backward of a step: the rollout's scoring forwards and exercise 5's minibatches. Its
+matmuls then run on the tensor cores' 16-bit rate: 8x the plain float32 rate on a T4 or V100,
+twice the TF32 rate on Ampere, Ada and Hopper (Micikevicius et al. 2018, "Mixed Precision
+Training"; Megatron-LM keeps its float32 ``main_grad`` the same way).
+
+What exercise 5 sees is ``MixedPrecision``, a module whose forward runs the working copy and whose
+``parameters()`` are the masters. So the student's code is unchanged:
+
+- ``model(input_ids, attention_mask)`` runs in 16-bit and returns the logits (B, L, V) and values
+  (B, L): in bfloat16 and float32; under float16 both in float32 (below);
+- ``loss.backward()`` computes 16-bit gradients of the working copy; as each one is complete, a
+  hook adds it, in float32 and divided by the loss scale, to its master's ``.grad`` and frees it.
+  Accumulation over minibatches happens in float32, never in 16-bit;
+- ``clip_grad_norm_(model.parameters(), ...)`` clips the masters' float32 gradients, unscaled;
+- ``optimizer.step()`` steps the masters; a hook of the optimizer then copies them into the
+  working copy. ``optimizer.zero_grad()`` clears the masters' gradients.
+
+float16 has 5 exponent bits: gradients below 6e-8 flush to zero. Dynamic loss scaling (the
+``LossScaler``) multiplies the gradient that flows back from the model's outputs by S (2^16 at
+first), so that the whole backward runs on scaled values; the hooks divide by S in float32. The
+scaling has to happen before anything casts the gradient to float16, so under float16 the logits
+are returned in float32 (the LM head computes them in float16; the cast back to float16 of their
+gradient then carries the scale). Where the scaled gradients overflowed, the optimizer's pre-step
+hook finds a non-finite master gradient and clears them all: the step changes nothing (AdamW skips
+a parameter without a gradient) and S halves. bfloat16 has float32's exponent range: no scaling.
+
+One process only: DDP and FSDP reduce the gradients of the parameters that run the backward, here
+the working copy's, which the hooks free as they arrive (``Distributed.check`` refuses it).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from assignment.model import PolicyWithValueHead
+
+
+class LossScaler:
+    """The loss scale S of float16 training, with torch.amp.GradScaler's defaults: 2^16 at first,
+    halved after an optimizer step whose gradients overflowed (the step is skipped), doubled after
+    2000 clean ones in a row."""
+
+    def __init__(self, scale: float = 2.0 ** 16, growth_interval: int = 2000):
+        self.scale, self.growth_interval, self.clean = scale, growth_interval, 0
+
+    def update(self, overflow: bool) -> None:
+        """After an optimizer step (taken, or skipped because ``overflow``)."""
+        if overflow:
+            self.scale, self.clean = self.scale / 2, 0
+            return
+        self.clean += 1
+        if self.clean == self.growth_interval:
+            self.scale, self.clean = self.scale * 2, 0
+
+    def state_dict(self) -> dict[str, float]:
+        return {"scale": self.scale, "clean": self.clean}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.scale, self.clean = state["scale"], int(state["clean"])
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """The identity forward; the gradient times ``scale`` backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad * ctx.scale, None
+
+
+def working_copy(policy: PolicyWithValueHead, dtype: torch.dtype) -> PolicyWithValueHead:
+    """A trainable copy of ``policy`` with its LM's parameters in ``dtype``, each cast as it is
+    copied (the float32 copy never exists whole). The value head stays float32 (its own copy), and
+    so do the buffers: RoPE's inv_freq in 16-bit would shift the rotary phase (``rollout.generation_copy``)."""
+    memo = {id(param): nn.Parameter(param.detach().to(dtype, copy=True)) for param in policy.lm.parameters()}
+    return copy.deepcopy(policy, memo)
+
+
+class MixedPrecision(nn.Module):
+    """The policy as exercise 5 trains it under ``model.train_dtype`` (module docstring): forward
+    runs ``self.working``, the 16-bit copy; ``parameters()`` and ``state_dict()`` are ``self.policy``'s,
+    the float32 masters. ``attach(optimizer)`` before the first step; ``end_cycle()`` after each
+    exercise-5 call that was to step the optimizer."""
+
+    def __init__(self, policy: PolicyWithValueHead, dtype: torch.dtype):
+        super().__init__()
+        self.policy = policy
+        # Not a submodule: parameters(), state_dict() and the optimizer see the masters alone.
+        self.__dict__["working"] = working_copy(policy, dtype)
+        self.scaler = LossScaler() if dtype == torch.float16 else None
+        if self.scaler is not None:  # for the update and the scoring forwards alike
+            self.working.logits_dtype = torch.float32
+        self.pairs = list(zip(self.working.parameters(), policy.parameters(), strict=True))
+        for work, master in self.pairs:
+            work.register_post_accumulate_grad_hook(self._to_master(master))
+        self.stepped = self.overflow = False
+        self.skipped_steps = 0  # optimizer steps skipped for overflow since the last metrics()
+
+    def train(self, mode: bool = True) -> "MixedPrecision":
+        """Train (or eval) mode for the working copy too: gradient checkpointing runs in train mode only."""
+        self.working.train(mode)
+        return super().train(mode)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``PolicyWithValueHead.forward`` of the working copy: logits (B, L, V), values (B, L)."""
+        logits, values = self.working(input_ids, attention_mask, logits_to_keep)
+        if self.scaler is None:
+            return logits, values
+        scale = self.scaler.scale
+        return _ScaleGradient.apply(logits, scale), _ScaleGradient.apply(values, scale)
+
+    def _to_master(self, master: nn.Parameter) -> Any:
+        def hook(work: torch.Tensor) -> None:
+            inverse = 1.0 if self.scaler is None else 1.0 / self.scaler.scale
+            if master.grad is None:
+                # a float32 gradient (the value head's) is taken over as it is, not copied
+                master.grad = work.grad.to(torch.float32)
+                if inverse != 1.0:
+                    master.grad.mul_(inverse)
+            else:
+                master.grad.add_(work.grad, alpha=inverse)
+            work.grad = None
+        return hook
+
+    def attach(self, optimizer: torch.optim.Optimizer) -> None:
+        """Hook the optimizer of the masters: skip a step whose gradients overflowed, and copy the
+        masters into the working copy after every step taken."""
+        optimizer.register_step_pre_hook(self._before_step)
+        optimizer.register_step_post_hook(self._after_step)
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.stepped = True
+        if self.scaler is None:
+            return
+        grads = [master.grad for _, master in self.pairs if master.grad is not None]
+        if grads and not bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
+            self.overflow = True
+            for _, master in self.pairs:
+                master.grad = None
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.overflow:
+            self.refresh()
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """Copy the masters into the working copy (after a step, or a checkpoint's load)."""
+        for work, master in self.pairs:
+            work.copy_(master)
+
+    def end_cycle(self) -> None:
+        """After an exercise-5 call that was to step the optimizer. Exercise 5 skips the step itself
+        when the gradient norm is not finite (the contract), so a call that did not step overflowed
+        too."""
+        overflow = self.overflow or not self.stepped
+        self.skipped_steps += overflow
+        if self.scaler is not None:
+            self.scaler.update(overflow)
+        self.stepped = self.overflow = False
+
+    def metrics(self) -> dict[str, float]:
+        """``stats/skipped_steps`` since the last call and, under float16, ``stats/loss_scale``."""
+        out = {"stats/skipped_steps": float(self.skipped_steps)}
+        if self.scaler is not None:
+            out["stats/loss_scale"] = self.scaler.scale
+        self.skipped_steps = 0
+        return out
