@@ -206,7 +206,8 @@ def test_rollout_metrics_split_the_length_by_outcome():
 
     mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]])  # lengths 2, 4, 1, 3
     zeros = torch.zeros(4, 4)
-    rollout = SimpleNamespace(sample=SimpleNamespace(response_mask=mask, finished=torch.ones(4, dtype=torch.bool)),
+    rollout = SimpleNamespace(sample=SimpleNamespace(response_mask=mask, finished=torch.ones(4, dtype=torch.bool),
+                                                     sampler_logprobs=None),
                               logprobs=zeros, ref_logprobs=zeros, values=zeros)
 
     def metrics(correct):

@@ -543,9 +543,9 @@ def test_evaluation_decodes_eagerly_whatever_the_rollout_compiles(tmp_path, monk
     keep them; evaluation's prompts are then padded to the longest, not to max_prompt_tokens."""
     calls = []
 
-    def generate_spy(lm, prompt_ids, prompt_mask, cfg, pad_token_id, eos_ids, greedy=False):
+    def generate_spy(lm, prompt_ids, prompt_mask, cfg, pad_token_id, eos_ids, greedy=False, record=None):
         calls.append((greedy, cfg.cache_implementation, cfg.compile, prompt_ids.shape[1]))
-        return generate(lm, prompt_ids, prompt_mask, cfg, pad_token_id, eos_ids, greedy)
+        return generate(lm, prompt_ids, prompt_mask, cfg, pad_token_id, eos_ids, greedy, record)
 
     monkeypatch.setattr(rollout_module, "generate", generate_spy)
     cfg = tiny_cfg(tmp_path, "rollout.cache_implementation=static", "rollout.compile=true", "train.steps=1")

@@ -288,6 +288,10 @@ class TrainConfig:
     # torch.cuda.set_per_process_memory_fraction: on a larger card, a run fails where it would fail
     # on a card of this size (the CUDA context, ~0.5 GiB, comes on top). Recorded in run.json.
     max_gpu_memory_gib: Optional[float] = None
+    # The GPU memory this config needs, GiB (null: not stated): a card with less stops at start,
+    # before the model loads, with a message naming the profile that fits it
+    # (assignment/trainer/cards.py). A config with max_gpu_memory_gib needs that much instead.
+    min_gpu_memory_gib: Optional[float] = None
     # Run directory: metrics, TensorBoard, checkpoints, effective config, reward curve.
     output_dir: str = "runs/cpu_synthetic"
     # Save a checkpoint every this many steps (0: only at the end); only the latest is kept.
@@ -428,6 +432,8 @@ def _validate(cfg: Config) -> None:
     need(ppo.optimizer in OPTIMIZERS, f"ppo.optimizer must be {' or '.join(OPTIMIZERS)}, got '{ppo.optimizer}'")
     need(cfg.train.max_gpu_memory_gib is None or cfg.train.max_gpu_memory_gib > 0,
          "train.max_gpu_memory_gib must be null or > 0")
+    need(cfg.train.min_gpu_memory_gib is None or cfg.train.min_gpu_memory_gib > 0,
+         "train.min_gpu_memory_gib must be null or > 0")
     need(ppo.epochs >= 1, "ppo.epochs must be >= 1")
     need(ppo.minibatch_size >= 1 and rollout.batch_size % ppo.minibatch_size == 0,
          f"ppo.minibatch_size ({ppo.minibatch_size}) must divide rollout.batch_size ({rollout.batch_size})")

@@ -53,6 +53,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase, get_scheduler
 
 from assignment.model import PolicyWithValueHead
 from assignment.trainer import checkpoint, grpo
+from assignment.trainer.cards import check_card
 from assignment.trainer.config import ALGORITHM_NAMES, Config, ConfigError, PPOConfig, RewardConfig, to_yaml
 from assignment.trainer.distributed import (Distributed, NullLogger, NullProgress, process_seed,
                                            sharded_eval_batches, whole_rollout)
@@ -233,6 +234,9 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     dist = dist or Distributed()
     dist.check(cfg)
     device = dist.device(cfg.train.device)
+    problem = check_card(cfg, device)
+    if problem is not None:
+        raise ConfigError(problem)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # float32 weights, TF32 matmuls
     progress.record(**cap_gpu_memory(device, cfg.train.max_gpu_memory_gib))

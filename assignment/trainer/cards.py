@@ -1,0 +1,68 @@
+"""Does this config fit this card? Asked before the model loads, so that a student who runs the
+recipe on a card that cannot hold it learns at once which profile to run instead.
+
+A config states what it needs: ``train.max_gpu_memory_gib`` (a profile proven under that cap) or
+``train.min_gpu_memory_gib`` (the recipe: its measured peak with room), and its dtypes say whether
+it needs bfloat16, which cards before Ampere (compute capability 8.0: T4, V100) lack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from assignment.trainer.config import Config
+
+
+@dataclass(frozen=True)
+class Profile:
+    config: str
+    cap_gib: float  # its train.max_gpu_memory_gib: the card must hold at least this
+    bfloat16: bool  # it computes in bfloat16
+    cards: str  # which cards it is for, in words
+
+
+# The GSM8K profiles, largest first (configs/ holds them; each was proven by a whole run under its cap).
+PROFILES = (
+    Profile("configs/gsm8k_qwen_coder_24gb.yaml", 20.0, True, "24 GB cards: L4, A10, RTX 3090/4090"),
+    Profile("configs/gsm8k_qwen_coder_16gb.yaml", 14.0, True, "16 GB cards with bfloat16: RTX 4060 Ti/4080, A4000"),
+    Profile("configs/gsm8k_qwen_coder_16gb_float16.yaml", 14.0, False, "16 GB cards without bfloat16: T4, V100"),
+)
+FLOAT16_OVERRIDES = "rollout.generation_dtype=float16 model.reference_dtype=float16 model.train_dtype=float16"
+
+
+def uses_bfloat16(cfg: Config) -> bool:
+    return "bfloat16" in (cfg.model.dtype, cfg.model.reference_dtype, cfg.model.train_dtype, cfg.rollout.generation_dtype)
+
+
+def card_problem(cfg: Config, card: str, memory_gib: float, has_bfloat16: bool) -> str | None:
+    """Why ``cfg`` cannot run on ``card`` (``memory_gib`` of memory, bfloat16 or not), naming the
+    profiles that can; None when it can."""
+    needs = cfg.train.max_gpu_memory_gib or cfg.train.min_gpu_memory_gib
+    too_small = needs is not None and needs > memory_gib
+    no_bfloat16 = uses_bfloat16(cfg) and not has_bfloat16
+    if not (too_small or no_bfloat16):
+        return None
+    reasons = []
+    if too_small:
+        field = "train.max_gpu_memory_gib" if cfg.train.max_gpu_memory_gib else "train.min_gpu_memory_gib"
+        reasons.append(f"this config needs {needs:g} GiB of GPU memory ({field}) and this {card} has {memory_gib:.1f} GiB")
+    if no_bfloat16:
+        reasons.append(f"it computes in bfloat16, which this {card} lacks (compute capability below 8.0)")
+    fitting = [p for p in PROFILES if p.cap_gib <= memory_gib and (has_bfloat16 or not p.bfloat16)]
+    if fitting:
+        advice = "run " + ", or ".join(f"{p.config} ({p.cards})" for p in fitting[:1])
+    else:
+        advice = f"no GSM8K profile fits {memory_gib:.1f} GiB; the smallest needs {min(p.cap_gib for p in PROFILES):g} GiB"
+    if no_bfloat16 and not too_small:
+        advice += f", or keep this config with the float16 overrides {FLOAT16_OVERRIDES}"
+    return "; ".join(reasons) + ": " + advice
+
+
+def check_card(cfg: Config, device: torch.device) -> str | None:
+    """``card_problem`` for the CUDA ``device`` (None off CUDA: nothing to check)."""
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return card_problem(cfg, props.name, props.total_memory / 2**30, props.major >= 8)
