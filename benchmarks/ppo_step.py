@@ -42,6 +42,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
+import re
 import statistics
 import sys
 import tempfile
@@ -63,11 +65,50 @@ class Enough(Exception):
 GIB = 2 ** 30
 
 
-def instrument(record: dict, runs: list) -> None:
+# Kernel names by kind (cuBLAS on Hopper names its kernels nvjet_* and sm90_xmma_*; CUTLASS and
+# inductor's matmul templates, triton_tem_*, do matmuls too). Attention is told apart: flash and
+# memory-efficient SDPA kernels are arithmetic too, but not cuBLAS's.
+MATMUL = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|triton_tem|splitk", re.IGNORECASE)
+ATTENTION = re.compile(r"flash|fmha|attention|attn", re.IGNORECASE)
+
+
+def kernel_split(events: list[tuple[str, float, float]]) -> dict[str, float]:
+    """Seconds of GPU kernels by kind, from (name, start, end) in seconds: ``matmul_s``,
+    ``attention_s``, ``other_s`` (elementwise, reductions, copies: memory traffic), and ``busy_s``,
+    the time at least one kernel ran (the union of their intervals)."""
+    split = {"matmul_s": 0.0, "attention_s": 0.0, "other_s": 0.0, "busy_s": 0.0, "kernels": float(len(events))}
+    end = -math.inf
+    for name, start, stop in sorted(events, key=lambda event: event[1]):
+        kind = "matmul_s" if MATMUL.search(name) else "attention_s" if ATTENTION.search(name) else "other_s"
+        split[kind] += stop - start
+        split["busy_s"] += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    return split
+
+
+@contextmanager
+def profiled(into: dict):
+    """Inside the block, record every CUDA kernel (torch.profiler, CUDA activity only: no CPU
+    events, so the host is slowed as little as may be) and put ``kernel_split`` of them into ``into``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        into["skipped"] = "no CUDA: nothing to profile"
+        yield
+        return
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        yield
+    events = [(e.name(), e.start_ns() / 1e9, (e.start_ns() + e.duration_ns()) / 1e9)
+              for e in prof.profiler.kineto_results.events() if e.device_type() == torch.autograd.DeviceType.CUDA]
+    into.update(kernel_split(events))
+
+
+def instrument(record: dict, runs: list, profile_update: int | None = None) -> None:
     """Wrap the functions the trainer calls by module attribute so that ``record`` accumulates
     their synchronised seconds (and, for the update, the minibatches' columns and real tokens) and
     the memory of each phase (``{phase}_held_gib``, ``{phase}_peak_gib``), and ``runs`` receives
-    the trainer's ``Run`` (its models and optimizer, for ``resident``)."""
+    the trainer's ``Run`` (its models and optimizer, for ``resident``). The update of PPO step
+    ``profile_update`` is profiled: its kernels by kind in ``record["update_split"]``."""
     rollout = importlib.import_module("assignment.trainer.rollout")
     ppo = importlib.import_module("assignment.trainer.ppo")
     loop = importlib.import_module("assignment.trainer.loop")
@@ -108,9 +149,19 @@ def instrument(record: dict, runs: list) -> None:
         run.optimizer.step = timed_step
         return run
 
+    updates = []
+
     def timed_update(*args, **kwargs):
-        with timed("update_timed_s", "update"):
-            return ppo_update(*args, **kwargs)
+        updates.append(None)
+        if len(updates) != profile_update:
+            with timed("update_timed_s", "update"):
+                return ppo_update(*args, **kwargs)
+        split: dict = {}
+        with timed("update_timed_s", "update"), profiled(split):
+            out = ppo_update(*args, **kwargs)
+            sync()
+        record["update_split"] = split
+        return out
 
     def timed_generate(*args, **kwargs):
         with timed("generate_s", "generation"):
@@ -153,8 +204,9 @@ def resident(run) -> dict:
             elif isinstance(value, dict):
                 yield from state_tensors(value)
 
-    sampler = getattr(run, "sampler", None)
+    sampler, precision = getattr(run, "sampler", None), getattr(run, "precision", None)
     return {"weights_gib": tensor_gib(run.policy.parameters()),
+            "working_copy_gib": tensor_gib(precision.working.parameters()) if precision is not None else 0.0,
             "optimizer_state_gib": tensor_gib(t for state in run.optimizer.state.values() for t in state_tensors(state)),
             "reference_gib": tensor_gib(run.ref.parameters()),
             "sampler_gib": tensor_gib(sampler.parameters()) if sampler is not None else 0.0,
@@ -178,9 +230,12 @@ def measure(args: argparse.Namespace) -> dict:
     overrides = [f"train.steps={args.steps + 1}", "eval.size=0", "train.sample_every=0", "train.checkpoint_every=0",
                  "train.time_limit_s=null", f"train.output_dir={args.output_dir or fresh_dir()}", *args.overrides]
     cfg = config.load_config(args.config, overrides)
+    if args.no_tf32:  # plain float32 matmuls: the trainer's request for TF32 is refused for this run
+        torch.set_float32_matmul_precision("highest")
+        torch.set_float32_matmul_precision = lambda precision: None
     record: dict = defaultdict(float)
     runs: list = []
-    instrument(record, runs)
+    instrument(record, runs, args.steps if args.profile_update else None)
     steps: list[dict] = []
 
     def on_step(step: int, metrics: dict) -> None:
@@ -240,7 +295,8 @@ def summary(run: dict) -> dict:
 
 PHASES = {"generation": "generation", "policy_forward": "policy forward", "reference_forward": "reference forward",
           "update": "update (exercise 5)", "optimizer_step": "optimizer step"}
-RESIDENT = ("weights_gib", "optimizer_state_gib", "reference_gib", "sampler_gib", "allocated_after_step_gib")
+RESIDENT = ("weights_gib", "working_copy_gib", "optimizer_state_gib", "reference_gib", "sampler_gib",
+            "allocated_after_step_gib")
 
 
 def _most(run: dict, key: str) -> float:
@@ -278,8 +334,8 @@ def report(runs: list[dict]) -> str:
         cells = [f"{_most(run, f'{p}_held_gib'):.1f} / {_most(run, f'{p}_peak_gib'):.1f}" for p in PHASES]
         lines.append(f"| {run['label']} | " + " | ".join(cells) + f" | {_most(run, 'peak_memory_gib'):.1f} |")
     lines += ["", "Held between phases by the long-lived tensors (after a step; gradients are freed by then):", "",
-              "| run | policy weights | optimizer state | reference | sampler copy | all allocated |",
-              "|---|---|---|---|---|---|"]
+              "| run | policy weights | 16-bit working copy | optimizer state | reference | sampler copy | all allocated |",
+              "|---|---|---|---|---|---|---|"]
     for run, s in zip(runs, sums):
         lines.append(f"| {run['label']} | " + " | ".join(f"{_most(run, key):.2f}" for key in RESIDENT) + " |")
     lines += ["", "## The first minibatch's ratio and the first step", "",
@@ -302,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the measurement here")
     parser.add_argument("--output-dir", help="the run's folder (train.output_dir; default a new runs/ppo_step_*)")
     parser.add_argument("--peak-tflops", type=float, default=DEFAULT_PEAK_TFLOPS)
+    parser.add_argument("--no-tf32", action="store_true", help="float32 matmuls at full precision (no TF32)")
+    parser.add_argument("--profile-update", action="store_true",
+                        help="profile the last step's update: its GPU kernels by kind (update_split)")
     parser.add_argument("--report", type=Path, nargs="+", help="write the tables of these JSON files instead")
     parser.add_argument("--out", type=Path, help="with --report: the Markdown file")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")

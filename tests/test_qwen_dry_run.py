@@ -142,12 +142,13 @@ def test_the_grpo_configs_keep_the_ppo_budget_and_run_on_cpu(staged, capsys, alg
     assert [m["step"] for m in metrics] == [1, 2] and all(m["stats/minibatches"] > 0 and "loss/kl" in m for m in metrics)
 
 
-@pytest.mark.parametrize("profile", ["24gb", "16gb"])
+@pytest.mark.parametrize("profile", ["24gb", "16gb", "16gb_float16"])
 def test_the_small_card_profiles_run_on_cpu_and_report_their_cap(staged, capsys, profile):
-    """configs/gsm8k_qwen_coder_{24gb,16gb}.yaml as the device plan runs them (tiny sizes; 2
-    accumulation steps where the profiles' 16 and 32 would not divide 4 minibatches): the 8-bit
-    optimizer, the bfloat16 reference and the chunked scoring logits on the staged GGUF layout; the
-    cap is recorded in run.json (a no-op on CPU: nothing to cap) and the report names it."""
+    """configs/gsm8k_qwen_coder_{24gb,16gb,16gb_float16}.yaml as the device plan runs them (tiny
+    sizes; 2 accumulation steps where the profiles' 16 and 32 would not divide 4 minibatches): the
+    8-bit optimizer, the 16-bit working copy (float16 with its loss scale), the 16-bit reference,
+    the chunked scoring logits and the evaluation by the sampler on the staged GGUF layout; the cap
+    is recorded in run.json (a no-op on CPU: nothing to cap) and the report names it."""
     config = ROOT / "configs" / f"gsm8k_qwen_coder_{profile}.yaml"
     tiny = [t for t in TINY if not t.startswith("train.time_limit_s")] + ["train.time_limit_s=null",
                                                                           "ppo.grad_accum_steps=2"]

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# One lease of a machine of 4 GPUs for the small-card profiles: their three whole runs, one per GPU,
+# and beside them the step benchmarks that the speed targets and the card estimates rest on.
+#
+#   bash benchmarks/small_cards_lease.sh start     # copy the tree to $HOME/w, start the queues, return
+#   bash benchmarks/small_cards_lease.sh watch     # print progress for WATCH_S seconds (default 540),
+#                                                  # then pack what is done into $OUT/results.tar.gz
+#
+# Run from the repository root on the GPU machine, after `. $HOME/ppo-stage/env.sh` (the model, the
+# data and bitsandbytes: device-stage qwen-coder with EXTRA_WHEELS=bitsandbytes==0.50.2). The queues
+# run from a copy of the tree outside the repository (the device tool replaces the working tree
+# between calls), each in a process group of its own (setsid), so that they outlive the call.
+#
+#   GPU 0: the 24 GB profile's whole run, then the 16 GB profile's step benchmark (profiled)
+#   GPU 1: the 16 GB profile's whole run, then the float16 profile's step benchmark (profiled)
+#   GPU 2: the float16 profile's whole run
+#   GPU 3: step benchmarks of the recipe (profiled), the 24 GB and 16 GB profiles as they were (float32
+#          training: the before), the recipe with TF32 off (profiled: the card model's check), the
+#          24 GB profile (profiled)
+set -uo pipefail
+W=$HOME/w
+R=$HOME/r
+# NVLink multicast stays off in every process (the machine's rule).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+
+run() {  # run GPU NAME: the whole run of configs/gsm8k_qwen_coder_NAME.yaml, then its report
+  echo "python3 -m assignment.trainer --config configs/gsm8k_qwen_coder_$2.yaml --impl solutions/exercises.py \
+train.output_dir=$R/$2 train.time_limit_s=null train.final_checkpoint=false"
+}
+bench() {  # bench NAME CONFIG LABEL ARGS...: ppo_step.py, 4 steps (the first compiles)
+  local name=$1 config=$2 label=$3; shift 3
+  echo "python3 benchmarks/ppo_step.py --config configs/$config --steps 4 --label '$label' --json $R/bench/$name.json \
+--output-dir $R/bench/run_$name $*"
+}
+
+queue() {  # queue GPU COMMAND...: the commands in order on that GPU, each logged, then a marker
+  local gpu=$1; shift
+  local script=$R/queue$gpu.sh
+  { echo "cd $W; export CUDA_VISIBLE_DEVICES=$gpu"
+    for command in "$@"; do echo "echo \"== \$(date +%T) $command\"; $command; echo \"== rc \$?\""; done
+    echo "touch $R/done$gpu"; } > "$script"
+  setsid nohup bash "$script" > "$R/gpu$gpu.log" 2>&1 < /dev/null &
+}
+
+case "${1:-}" in
+  start)
+    rm -rf "$W" "$R"; mkdir -p "$W" "$R/bench"
+    cp -r assignment solutions configs benchmarks pyproject.toml "$W/"
+    nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpu.txt"
+    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >> "$R/gpu.txt"
+    queue 0 "$(run 0 24gb)" \
+      "$(bench 16gb_after gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16 training' --profile-update)"
+    queue 1 "$(run 1 16gb)" \
+      "$(bench 16gb_float16_after gsm8k_qwen_coder_16gb_float16.yaml '16 GB profile, float16 training' --profile-update)"
+    queue 2 "$(run 2 16gb_float16)"
+    queue 3 "$(bench recipe gsm8k_qwen_coder.yaml 'recipe, float32 (TF32)' --profile-update)" \
+      "$(bench 24gb_before gsm8k_qwen_coder_24gb.yaml '24 GB profile, float32 training (before)' model.train_dtype=null model.reference_dtype=null)" \
+      "$(bench 16gb_before gsm8k_qwen_coder_16gb.yaml '16 GB profile, float32 training (before)' model.train_dtype=null)" \
+      "$(bench recipe_fp32 gsm8k_qwen_coder.yaml 'recipe, plain FP32 (TF32 off)' --profile-update --no-tf32)" \
+      "$(bench 24gb_after gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16 training' --profile-update)"
+    cat "$R/gpu.txt"; echo "started: $(ls $R/queue*.sh | wc -l) queues"
+    ;;
+  watch)
+    end=$((SECONDS + ${WATCH_S:-540}))
+    while [ $SECONDS -lt $end ] && [ "$(ls $R/done* 2>/dev/null | wc -l)" -lt 4 ]; do sleep 15; done
+    for gpu in 0 1 2 3; do echo "--- GPU $gpu $( [ -f $R/done$gpu ] && echo done || echo running)"; grep -E "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |Error|error|WARNING" "$R/gpu$gpu.log" | tail -6; done
+    # what came back: every run folder without checkpoints, the benchmarks' JSON, the logs
+    tar -C "$R" --exclude='checkpoint*' --exclude='run_*' --exclude='tb' -czf "${OUT:-/tmp}/results.tar.gz" . 2>/dev/null
+    ls -la "${OUT:-/tmp}/results.tar.gz"
+    ;;
+  *) echo "usage: $0 start|watch" >&2; exit 2 ;;
+esac
