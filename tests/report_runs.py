@@ -13,8 +13,11 @@ from assignment.trainer.runlog import read_jsonl
 from assignment.trainer.stats import McNemar, mcnemar_exact
 
 # Where the run was, not what it computed: the device's paths and how the run was split into calls.
+# Keys that say where a run's files go, how long a call may run, where the model and data are, or
+# whether the card may start it (train.min_gpu_memory_gib: a check before loading): none changes
+# what the run computes.
 RUN_CONTROL = {"train.output_dir", "train.time_limit_s", "train.final_checkpoint", "model.name", "model.gguf_file",
-               "data.local_dir"}
+               "data.local_dir", "train.min_gpu_memory_gib"}
 
 
 def flat(tree: dict, prefix: str = "") -> dict:

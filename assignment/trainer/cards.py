@@ -26,10 +26,11 @@ class Profile:
 # The GSM8K profiles, largest first (configs/ holds them; each was proven by a whole run under its cap).
 PROFILES = (
     Profile("configs/gsm8k_qwen_coder_24gb.yaml", 20.0, True, "24 GB cards: L4, A10, RTX 3090/4090"),
-    Profile("configs/gsm8k_qwen_coder_16gb.yaml", 14.0, True, "16 GB cards with bfloat16: RTX 4060 Ti/4080, A4000"),
-    Profile("configs/gsm8k_qwen_coder_16gb_float16.yaml", 14.0, False, "16 GB cards without bfloat16: T4, V100"),
+    Profile("configs/gsm8k_qwen_coder_16gb.yaml", 14.0, True, "16 GB cards: T4, V100, RTX 4060 Ti/4080"),
 )
-FLOAT16_OVERRIDES = "rollout.generation_dtype=float16 model.reference_dtype=float16 model.train_dtype=float16"
+# What a card without bfloat16 changes in a profile: the sampler and the reference in float16 (the
+# policy trains in float32 in every shipped config).
+FLOAT16_OVERRIDES = "rollout.generation_dtype=float16 model.reference_dtype=float16"
 
 
 def uses_bfloat16(cfg: Config) -> bool:
@@ -50,13 +51,15 @@ def card_problem(cfg: Config, card: str, memory_gib: float, has_bfloat16: bool) 
         reasons.append(f"this config needs {needs:g} GiB of GPU memory ({field}) and this {card} has {memory_gib:.1f} GiB")
     if no_bfloat16:
         reasons.append(f"it computes in bfloat16, which this {card} lacks (compute capability below 8.0)")
-    fitting = [p for p in PROFILES if p.cap_gib <= memory_gib and (has_bfloat16 or not p.bfloat16)]
-    if fitting:
-        advice = "run " + ", or ".join(f"{p.config} ({p.cards})" for p in fitting[:1])
+    fitting = [p for p in PROFILES if p.cap_gib <= memory_gib]
+    if not too_small:
+        advice = f"keep this config with the float16 overrides {FLOAT16_OVERRIDES}"
+    elif fitting:
+        advice = f"run {fitting[0].config} ({fitting[0].cards})"
+        if not has_bfloat16 and fitting[0].bfloat16:
+            advice += f" with the float16 overrides {FLOAT16_OVERRIDES}"
     else:
         advice = f"no GSM8K profile fits {memory_gib:.1f} GiB; the smallest needs {min(p.cap_gib for p in PROFILES):g} GiB"
-    if no_bfloat16 and not too_small:
-        advice += f", or keep this config with the float16 overrides {FLOAT16_OVERRIDES}"
     return "; ".join(reasons) + ": " + advice
 
 
