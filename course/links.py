@@ -5,8 +5,9 @@ has no way to resolve one).
 A cited file is a path in a code span or a code block (`reports/performance.md`, a config in a
 command) that ends in a file type the project uses and starts with a folder the page's folder or
 the root holds: `reports/NAME.md` (a placeholder: a word in capitals), `results/ID.json` or
-`xavier/exercises.py` (what a command writes, an example) are not files to find. Anchors follow GitHub's rule: a heading's text,
-lowercased, punctuation dropped, spaces as hyphens, a repeated one numbered ``-1``, ``-2``.
+`xavier/exercises.py` (what a command writes, an example) are not files to find. Anchors follow
+GitHub's rule: a heading's text, lowercased, punctuation dropped, spaces as hyphens, a repeated
+one numbered ``-1``, ``-2``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ LINK = re.compile(r"!?\[(?:[^\]]|\][^(])*?\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.M)
-PATH = re.compile(r"(?<![\w./$-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|yaml|yml|jsonl|json|txt|sh|png|gz|toml|csv|log))(?![\w/])")
+PATH = re.compile(r"(?<![\w./$-])((?:[\w.-]+/)+[\w.-]+\.(?:py|md|yaml|yml|jsonl|json|txt|sh|png|gz|toml|csv|log))"
+                  r"(?![\w/])")
 ISSUE = re.compile(r"\bissues?[ \t]*#?[0-9]+", re.I)
 PLACEHOLDER = re.compile(r"\b[A-Z][A-Z_]+\b|seedS\b|\{")  # reports/NAME.md, RUN_DIR/, _seed{0,1,2}
 
@@ -51,6 +53,11 @@ def markdown_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.md") if ".venv" not in p.parts)
 
 
+def blank(match: re.Match) -> str:
+    """What ``match`` covered, as spaces: hidden from the next search, its lines kept in place."""
+    return re.sub(r"[^\n]", " ", match.group(0))
+
+
 def problems(page: Path, root: Path) -> list[str]:
     """What is broken on ``page``: each as 'page:line: what'."""
     text = page.read_text()
@@ -62,7 +69,6 @@ def problems(page: Path, root: Path) -> list[str]:
 
     for match in ISSUE.finditer(text):
         out.append(f"{where}:{line(match.start())}: cites {match.group(0)!r}, which no reader can resolve")
-    blank = lambda m: re.sub(r"[^\n]", " ", m.group(0))  # noqa: E731 (what it hides keeps its place)
     prose = FENCE.sub(blank, text)  # no code blocks
     for match in LINK.finditer(prose):
         target = match.group(1)
@@ -73,7 +79,8 @@ def problems(page: Path, root: Path) -> list[str]:
         if not file.exists():
             out.append(f"{where}:{line(match.start())}: links to {path}, which does not exist")
         elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text()):
-            out.append(f"{where}:{line(match.start())}: links to #{anchor} of {file.relative_to(root)}, no such heading")
+            out.append(f"{where}:{line(match.start())}: links to #{anchor} of {file.relative_to(root)}, "
+                       "no such heading")
     unlinked = LINK.sub(blank, prose)  # a link's text is not a citation
     cited = [(m.start(), m.group(1)) for m in CODE_SPAN.finditer(unlinked)]
     cited += [(m.start(), m.group(0)) for m in FENCE.finditer(text)]
