@@ -23,7 +23,7 @@ copy (the static KV cache is generation's own: it is not held between steps). Th
 peak is the step's tells what a smaller card must cut.
 
 Throughput counts real tokens only: the rollout phase's real response tokens (up to and including
-EOS) per second, as the issue that asked for it measured it. For the update, every minibatch's
+EOS) per second, the measure the rollout's speed-up was asked in. For the update, every minibatch's
 computed columns (rows x its trimmed length) against its real tokens (prompt and response) give
 the padding share, and MFU = 6 x parameters x real tokens / seconds / ``--peak-tflops`` (forward
 and backward; the forward that gradient checkpointing repeats is not useful work, so it is not

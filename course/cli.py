@@ -44,10 +44,10 @@ def _demo(args: argparse.Namespace) -> int:
 def _release(args: argparse.Namespace) -> int:
     try:
         out = release.build_student_release(args.out)
-    except (stubs.StubError, release.LeakError) as err:
+    except (stubs.StubError, release.LeakError, release.LinkError) as err:
         print(f"ppo-course release: {err}", file=sys.stderr)
         return 1
-    print(f"wrote the student release to {out} (checked: no solution line in it)")
+    print(f"wrote the student release to {out} (checked: no solution line in it, no broken link)")
     return 0
 
 

@@ -1,9 +1,9 @@
 """Build what leaves the staff repo: the student release and the Gradescope autograder zip.
 
 The student release holds the student-facing package (with the generated blanks), the
-configs, the public property tests, the handout and a student README; nothing of solutions/,
-autograder/ or grading.yaml. ``check_no_leak`` proves it: no line of any solution region
-appears anywhere in the release.
+configs, the public property tests, the handout and a student README (docs/students.md); nothing
+of solutions/, autograder/ or grading.yaml. ``check_no_leak`` proves it: no line of any solution
+region appears anywhere in the release; ``check_links``: every link of its pages holds there.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from course import stubs
+from course import links, stubs
 
 ROOT = stubs.ROOT
 # The ablation's measured curves: handout section 8 gives them to compare a student's runs against.
@@ -24,30 +24,8 @@ STUDENT_FILES = ("assignment", "configs", "tests/public", "tests/conftest.py", "
 AUTOGRADER_FILES = ("assignment", "solutions", "autograder", "grading.yaml", "pyproject.toml", "README.md")
 IGNORE = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
 
-STUDENT_README = """# PPO for language models: your assignment
-
-Read `handout.md` (section 4 is the contract the grader holds your code to), then fill in the
-five blanks of `assignment/exercises.py` (exercises 6-8, Part II in handout section 8, are an
-optional bonus). `assignment/helpers.py` and `assignment/model.py` are given; `assignment/trainer/` is the trainer your functions plug into.
-
-```bash
-python3 -m venv .venv
-# torch's CPU wheel (no CUDA libraries): what the CPU demo and the public tests need
-.venv/bin/pip install torch --index-url https://download.pytorch.org/whl/cpu
-.venv/bin/pip install -e .                                    # the rest of the CPU install, matplotlib included
-.venv/bin/python -m pytest tests/public                       # the property checks, on your file
-.venv/bin/python -m pytest tests/public -m ex3                # one exercise's (ex1 ... ex8)
-.venv/bin/ppo-train --config configs/cpu_synthetic.yaml       # watch your trainer learn, on CPU
-```
-
-For GPU runs on GSM8K (datasets, GGUF models, TensorBoard), install the `train` extra instead,
-with torch for your CUDA: `.venv/bin/pip install -e '.[train]'`. On a 24 GB or 16 GB card run
-`configs/gsm8k_qwen_coder_24gb.yaml` or `configs/gsm8k_qwen_coder_16gb.yaml`, which add the
-`lowmem` extra (`'.[train,lowmem]'`): handout section 7 says what they change and how long a run
-takes on such a card.
-
-Submit `assignment/exercises.py` on Gradescope.
-"""
+# The student README is docs/students.md, its links made relative to the release's root.
+STUDENT_README = ROOT / "docs" / "students.md"
 
 # Names of what only the staff have: the release must not send a student looking for them.
 STAFF_ONLY = ("solutions/", "solutions.exercises", "--impl solutions", "autograder/", "grading.yaml", "ppo-grade",
@@ -56,6 +34,10 @@ STAFF_ONLY = ("solutions/", "solutions.exercises", "--impl solutions", "autograd
 
 class LeakError(RuntimeError):
     """A solution line was found in what is about to be released."""
+
+
+class LinkError(RuntimeError):
+    """A link, anchor or cited file of the release's Markdown pages is not in the release."""
 
 
 def solution_lines() -> list[str]:
@@ -127,9 +109,16 @@ def build_student_release(out: Path) -> Path:
             (out / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, out / rel)
     (out / "pyproject.toml").write_text(_student_pyproject())
-    (out / "README.md").write_text(STUDENT_README)
+    (out / "README.md").write_text(STUDENT_README.read_text().replace("](../", "]("))
     check_no_leak(out)
+    check_links(out)
     return out
+
+
+def check_links(folder: Path) -> None:
+    broken = links.check(folder)
+    if broken:
+        raise LinkError("broken links in the release:\n" + "\n".join(broken))
 
 
 def build_gradescope_zip(out: Path) -> Path:

@@ -1,10 +1,12 @@
 """What leaves the staff repo: the student release and the Gradescope zip."""
 
+import json
 import os
 import re
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,13 @@ NOT_SHIPPED_ON_PURPOSE = ("RUN_DIR/", "runs/", "eval_samples/", "other/", "my_",
 MODULE_REFERENCE = re.compile(r"python -m ([A-Za-z_][\w.]*)")
 INSTALLED_TOOLS = {"pytest", "pip", "venv"}
 SECTION_REFERENCE = re.compile(r'README "([^"]+)"')
+# A file named without its folder (a report, a benchmark): the release must carry one of that name
+# when the course repository has one, except what a run writes and GSM8K's own files.
+BARE_NAME = re.compile(r"(?<![\w./-])([\w-][\w.-]*\.(?:py|md|yaml|yml|jsonl|json|txt|sh|png|csv|gguf|gz))\b")
+RUN_FILES = re.compile(r"(config\.yaml|run\.json|summary\.json|(metrics|samples|eval|train|test)\.jsonl|eval_\w+\.jsonl\.gz)$")
+# Ways of citing what only the course repository has, and paths under a machine's temporary folder.
+STAFF_CITATION = re.compile(r"course repository|course's repository|staging script|device-stage|project's tests?\b", re.I)
+TEMPORARY = re.compile(r"(?<![\w.])/(?:var/)?tmp/|\$TMPDIR")
 
 
 def test_student_release_has_the_blanks_and_nothing_of_the_solution(tmp_path):
@@ -32,9 +41,13 @@ def test_student_release_has_the_blanks_and_nothing_of_the_solution(tmp_path):
 
 
 def test_student_release_names_only_files_it_ships(tmp_path):
-    """Every file, module to run and README section the release names is in the release."""
+    """Every file, module to run and README section the release names is in the release; it cites
+    nothing only the course repository has, and no path under a temporary folder."""
     out = release.build_student_release(tmp_path / "release")
     readme = (out / "README.md").read_text()
+    shipped = {path.name for path in out.rglob("*")}
+    staff = {Path(name).name for name in subprocess.run(["git", "ls-files"], cwd=release.ROOT, capture_output=True,
+                                                         text=True, check=True).stdout.split()}
     missing = []
     for path in out.rglob("*"):
         if path.is_file():
@@ -42,6 +55,11 @@ def test_student_release_names_only_files_it_ships(tmp_path):
             for ref in PATH_REFERENCE.findall(text):
                 if not (out / ref).exists() and not any(p in ref for p in NOT_SHIPPED_ON_PURPOSE):
                     missing.append(f"{path.relative_to(out)} -> {ref}")
+            for name in set(BARE_NAME.findall(text)) & staff - shipped:
+                if not RUN_FILES.match(name):
+                    missing.append(f"{path.relative_to(out)} -> {name}")
+            for pattern in (STAFF_CITATION, TEMPORARY):
+                missing += [f"{path.relative_to(out)} -> {m.group(0)!r}" for m in pattern.finditer(text)]
             for module in set(MODULE_REFERENCE.findall(text)) - INSTALLED_TOOLS:
                 where = out / module.replace(".", "/")
                 if not (where.with_suffix(".py").is_file() or (where / "__main__.py").is_file()):
@@ -50,6 +68,24 @@ def test_student_release_names_only_files_it_ships(tmp_path):
                 if not re.search(rf"^#+ {re.escape(section)}$", readme, flags=re.M):
                     missing.append(f"{path.relative_to(out)} -> README section {section!r}")
     assert not missing, missing
+
+
+def test_no_shipped_config_defaults_to_a_temporary_folder(monkeypatch):
+    """Every config as a student loads it (no variables of a staging machine set): no value under a
+    temporary folder."""
+    import tempfile
+
+    from omegaconf import OmegaConf
+
+    from assignment.trainer.config import load_config
+
+    for name in ("MODEL_DIR", "MODEL_GGUF", "GSM8K_DIR", "SMOLLM2_DIR", "TMPDIR"):
+        monkeypatch.delenv(name, raising=False)
+    temporary = ("/tmp", "/var/tmp", tempfile.gettempdir())
+    for config in sorted((release.ROOT / "configs").glob("*.yaml")):
+        values = OmegaConf.to_container(OmegaConf.structured(load_config(config)))
+        flat = json.dumps(values)
+        assert not any(f'"{folder}' in flat for folder in temporary), (config.name, flat)
 
 
 def test_release_check_refuses_staff_names(tmp_path):

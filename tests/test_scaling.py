@@ -135,9 +135,9 @@ def test_the_markdown_table_is_the_files_figures():
 
 
 @pytest.mark.skipif(not REPORT.exists(), reason="reports/multi_gpu/scaling.json is not measured yet")
-def test_the_multi_gpu_page_and_the_readme_carry_the_committed_files_table():
+def test_the_multi_gpu_page_and_the_results_page_carry_the_committed_files_table():
     table = scaling.table(scaling.merge([], scaling.read(REPORT)))
-    for page in (REPORT.parents[1] / "multi_gpu.md", ROOT / "README.md"):
+    for page in (REPORT.parents[1] / "multi_gpu.md", ROOT / "docs" / "results.md"):
         assert table in page.read_text(), f"{page.name}: python benchmarks/scaling.py --markdown {REPORT.relative_to(ROOT)}"
 
 
@@ -183,7 +183,7 @@ def test_the_multi_gpu_pages_other_tables_and_the_7b_figures_are_the_files():
 @pytest.mark.skipif(not SECOND.is_dir(), reason="the second lease's files are not committed")
 def test_the_second_lease_tables_and_figures_are_its_files():
     """The current code measured again: its scaling table, per-launch medians and the figures the
-    page and the README draw from them, against the first lease's (all three launches that
+    page and docs/results.md draw from them, against the first lease's (all three launches that
     finished; the cut-off FSDP 2 launch has no record)."""
     page = (REPORT.parents[1] / "multi_gpu.md").read_text()
     records = scaling.read(SECOND / "scaling.json")
@@ -196,10 +196,10 @@ def test_the_second_lease_tables_and_figures_are_its_files():
     assert f"({measured} of its 6 measured steps done: no record)" in page
     (e2, e4), (b2, b4) = ([e for launch, _, _, e in scaling.efficiencies(measured) if launch == "ddp"]
                           for measured in (records, scaling.read(REPORT)))  # DDP on 2, then on 4
-    text, readme = " ".join(page.split()), " ".join((ROOT / "README.md").read_text().split())
+    text, results = " ".join(page.split()), " ".join((ROOT / "docs" / "results.md").read_text().split())
     assert f"({e2:.3f} against {b2:.3f} on 2 GPUs, {e4:.3f} against {b4:.3f} on 4)" in text
     assert f"by {0.90 - e2:.3f} and {0.75 - e4:.3f} here" in text
-    assert f"DDP reaches {e2:.3f} and {e4:.3f}, still short of 0.90 and 0.75 (by {0.90 - e2:.3f} and {0.75 - e4:.3f}" in readme
+    assert f"DDP reaches {e2:.3f} and {e4:.3f}, still short of 0.90 and 0.75 (by {0.90 - e2:.3f} and {0.75 - e4:.3f}" in results
     updates = [statistics.median(m["time/update"] for m in read_jsonl(lease / "launches" / folder / "metrics.jsonl")[1:])
                for lease in (SECOND, LEASE) for folder, _ in LAUNCH_LABELS[:3]]
     gains = [old - new for new, old in zip(updates[:3], updates[3:])]

@@ -1,4 +1,4 @@
-"""The committed runs of the recipe on 4 GPUs, one per seed, hold what the README and
+"""The committed runs of the recipe on 4 GPUs, one per seed, hold what docs/results.md and
 reports/multi_gpu.md claim of them.
 
 reports/gsm8k_qwen_coder_4gpu_seed{0,1,2}/ are whole runs of configs/gsm8k_qwen_coder.yaml under
@@ -52,7 +52,7 @@ def test_each_seed_ran_the_shipped_recipe(monkeypatch, seed):
     assert changed <= RUN_CONTROL | {"train.seed"}  # and the seed it was asked
 
 
-def test_the_readme_headline_states_the_spread_across_seeds(figures):
+def test_the_results_page_states_the_spread_across_seeds(figures):
     befores = {test.before for test, _ in figures.values()}
     assert len(befores) == 1  # the same model and problems: one "before" for all three
     gains = [100 * test.diff for test, _ in figures.values()]
@@ -60,9 +60,9 @@ def test_the_readme_headline_states_the_spread_across_seeds(figures):
     expected = (f"{befores.pop() / 1319:.1%} -> " + ", ".join(f"{t.after / 1319:.1%}" for t, _ in figures.values()),
                 "(" + ", ".join(f"{g:+.1f}" for g in gains) + f" points; mean {statistics.mean(gains):+.1f}",
                 f"p <= {max(test.p_value for test, _ in figures.values()):.1e}", f"{min(walls):.0f}-{max(walls):.0f} s")
-    readme = joined(ROOT / "README.md")
+    results = joined(ROOT / "docs" / "results.md")
     for text in (*expected, *missed(figures)):
-        assert text in readme, text
+        assert text in results, text
 
 
 def test_the_multi_gpu_page_tables_each_seed_and_states_the_miss(figures):

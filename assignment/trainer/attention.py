@@ -11,7 +11,7 @@ cache's empty slots, the prompts' left padding), so each decoding step copies th
 ``g`` times. For Qwen2.5-0.5B
 (H = 14, H_kv = 2) sampling 256 responses into a 720-slot cache, that copy and the attention
 over the copy took 4.8 of the 5.9 s of GPU time of a 400-token rollout, and 1.0 of 2.2 s without
-the copy (H100, the course repository's decode_profile benchmark).
+the copy (H100, profiled).
 
 For one query token (every decoding step) the copy is not needed: the ``g`` query heads that
 share a key/value head are ``g`` queries against the same keys under the same mask, so the

@@ -12,7 +12,7 @@ submission that does not import, an exercise not yet written) are printed as one
 without a traceback, and exit with status 2; running out of GPU memory is one message with the
 ways out, status 3. A run stopped by ``train.time_limit_s`` exits 0 and
 prints the command that continues it. ``python -m assignment.trainer`` is the same command, and
-either runs data-parallel under ``accelerate launch`` (README, "More GPUs").
+either runs data-parallel under ``accelerate launch`` (handout.md section 1).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileN
                ReportError, RunFileError)
 OUT_OF_MEMORY_ADVICE = (
     "The config asks more of this card than it has. For the Qwen recipe on a 24 or 16 GB card: "
-    "configs/gsm8k_qwen_coder_24gb.yaml or configs/gsm8k_qwen_coder_16gb.yaml (README, 'Which GPU'); "
+    "configs/gsm8k_qwen_coder_24gb.yaml or configs/gsm8k_qwen_coder_16gb.yaml (README.md: which card); "
     "otherwise fewer rows at a time (ppo.process_minibatch_size, rollout.forward_batch_size, eval.batch_size); "
     "a model whose weights, gradients and AdamW state do not fit one card needs FSDP "
     "(configs/accelerate/fsdp.yaml). The run folder keeps what was saved: --resume continues from its "

@@ -152,7 +152,7 @@ class Distributed:
         accelerator = Accelerator()
         if accelerator.distributed_type not in (DistributedType.MULTI_GPU, DistributedType.MULTI_CPU):
             raise ConfigError(f"the trainer runs data-parallel (DDP or FSDP2) only, not {accelerator.distributed_type}: "
-                              "see the README's 'More GPUs'")
+                              "see handout.md section 1")
         if accelerator.mixed_precision != "no":
             raise ConfigError(MIXED_PRECISION_ERROR)
         return accelerator.prepare_model(policy)

@@ -15,7 +15,7 @@ Evaluation decodes eagerly with the dynamic cache, whatever ``rollout.cache_impl
 evaluation of the float32 policy at one batch of 1319 took 117-125 s on an H200 and dynamo
 reported "hit config.recompile_limit (8)" on ``self.layer_idx``; eager decoding in 2 batches of
 660 takes 76 s there (81 s in batches of 440 on an H100). Why it recompiles, as far as measured
-(the course repository's recompile probe, eval_recompiles.py, on an H200: a random-init Qwen2 of 24 layers): the compiled
+(a probe on an H200: a random-init Qwen2 of 24 layers): the compiled
 forward is traced per dtype and batch size, and the float32 policy and the bfloat16 sampler run
 the same code objects at different batch sizes; with gradient checkpointing on (the Qwen config),
 the hook it installs on the embeddings (transformers' ``make_inputs_require_grads``) breaks the

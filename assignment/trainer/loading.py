@@ -166,8 +166,8 @@ def compile_layers(lm: PreTrainedModel, backend: str = "inductor") -> None:
 
     The parts, and not the whole transformer as one graph: that graph (24 layers with their
     gradient checkpointing) took inductor ~5 min to compile for the scoring forwards and ~11 min
-    for the update's first step, and recompiled in the second (two H200s, the course repository's
-    performance report, Part 4); the parts are what that report's step times were measured with.
+    for the update's first step, and recompiled in the second (two H200s); the parts are what the
+    small-card profiles' step times were measured with.
     The state dict keeps its keys."""
     for module in compiled_parts(lm):
         module.forward = torch.compile(module.forward, dynamic=True, backend=backend)

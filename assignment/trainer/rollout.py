@@ -157,9 +157,9 @@ def deferred_stop_check(device: torch.device) -> Iterator[None]:
     transformers has the remedy, ``DeferredStopCheck``: the flag is copied asynchronously and read
     one step later, and the one extra step at the end is removed from the output. It turns it on
     for Apple's mps only ("we should enable it for cuda if we observe perf gains"); this lets its
-    own check answer for CUDA as it does for mps. Measured (the course repository's
-    decode_profile benchmark, 256 responses of 400 tokens, compiled bfloat16 decoding, H100):
-    2.37 s instead of 2.96 s. A transformers without it is unaffected.
+    own check answer for CUDA as it does for mps. Measured (256 responses of 400 tokens,
+    compiled bfloat16 decoding, H100): 2.37 s instead of 2.96 s. A transformers without it is
+    unaffected.
     """
     checker = getattr(generation_utils, "DeferredStopCheck", None)
     original = getattr(checker, "__dict__", {}).get("is_supported")  # the staticmethod itself, restored as it was
@@ -375,8 +375,7 @@ def generation_copy(lm: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
     sampler.__dict__.pop("_compiled_call", None)
     # Gradient checkpointing hooks the input embeddings (enable_input_require_grads); the copy
     # never trains, and the hook splits its compiled decoding step (7 compiled regions per step
-    # instead of 1, profiled), though no slower for it (the course repository's decode_profile
-    # benchmark).
+    # instead of 1, profiled on an H100), though no slower for it.
     if hasattr(sampler, "_require_grads_hook"):
         sampler.disable_input_require_grads()
     use_grouped_decoding(sampler)  # decoding attends to the KV cache without copying it per head group
