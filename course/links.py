@@ -53,6 +53,13 @@ def markdown_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.md") if ".venv" not in p.parts)
 
 
+def ignored(path: Path, root: Path) -> bool:
+    """True for a path git ignores in the checkout ``root`` (False outside a checkout)."""
+    if not (root / ".git").exists():
+        return False
+    return subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=root).returncode == 0
+
+
 def blank(match: re.Match) -> str:
     """What ``match`` covered, as spaces: hidden from the next search, its lines kept in place."""
     return re.sub(r"[^\n]", " ", match.group(0))
@@ -86,7 +93,10 @@ def problems(page: Path, root: Path) -> list[str]:
     cited += [(m.start(), m.group(0)) for m in FENCE.finditer(text)]
     for start, code in cited:
         for ref in PATH.findall(code):
-            bases = [base for base in (page.parent, root) if (base / ref.split("/")[0]).is_dir()]
+            # Only folders the project holds: a run's output folder (runs/, git-ignored) exists on one
+            # machine and not on a fresh clone, and its files are made by the commands the page gives.
+            bases = [base for base in (page.parent, root)
+                     if (base / ref.split("/")[0]).is_dir() and not ignored(base / ref.split("/")[0], root)]
             if bases and not PLACEHOLDER.search(ref) and not any((base / ref).exists() for base in bases):
                 out.append(f"{where}:{line(start)}: cites {ref}, which does not exist")
     return out
