@@ -276,8 +276,9 @@ def median(rows: list[dict], key: str) -> float:
 
 
 def summary(run: dict) -> dict:
-    """Medians over the steps after the first (which compiles)."""
-    rows = run["steps"][1:] or run["steps"]
+    """Medians over the steps after the first (which compiles) that were not profiled (the profiler
+    slows the host)."""
+    rows = [row for row in run["steps"][1:] if "update_split" not in row] or run["steps"][1:] or run["steps"]
     out = {key: median(rows, key) for key in ("rollout_s", "generate_s", "policy_forward_s", "reference_forward_s",
                                                "rest_s", "update_s", "response_tokens", "update_real_tokens",
                                                "update_columns")}
@@ -326,6 +327,19 @@ def report(runs: list[dict]) -> str:
     for run, s in zip(runs, sums):
         lines.append(f"| {run['label']} | {s['update_s']:.2f} | {s['update_real_tokens']:.0f} | {s['update_columns']:.0f} | "
                      f"{s['padding']:.1%} | {s['mfu']:.1%} of {run['peak_tflops']:g} TFLOPS | {s['params'] / 1e6:.0f}M |")
+    split = [(run, next((row["update_split"] for row in run["steps"] if row.get("update_split", {}).get("busy_s")), None))
+             for run in runs]
+    if any(kinds for _, kinds in split):
+        lines += ["", "## One update's GPU kernels (`--profile-update`: the last step's update, seconds)", "",
+                  "Kernel time is the profiler's; the update is the median of the unprofiled steps; idle is the update "
+                  "less the time some kernel ran (host work: Python, launches, the allocator).", "",
+                  "| run | update | matmul kernels | attention kernels | other kernels | some kernel running | idle | kernels |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for (run, kinds), s in zip(split, sums):
+            if kinds:
+                lines.append(f"| {run['label']} | {s['update_s']:.2f} | {kinds['matmul_s']:.2f} | {kinds['attention_s']:.2f} | "
+                             f"{kinds['other_s']:.2f} | {kinds['busy_s']:.2f} | {max(s['update_s'] - kinds['busy_s'], 0):.2f} | "
+                             f"{kinds['kernels']:.0f} |")
     lines += ["", "## Where the GPU memory goes (GiB, the most over the measured steps)", "",
               "What torch's allocator held when each phase began, and the most it held during it:", "",
               "| run | " + " | ".join(f"{name} (held / peak)" for name in PHASES.values()) + " | step peak |",
