@@ -415,7 +415,8 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
         batch = grpo.update_batch(batch, mine.ref_logprobs)
     update_metrics = update(run, cfg, impl, step, batch, skip)
     real, sampled = response_mask.bool(), rollout.sample.sampler_logprobs
-    warn_first_kl(run, step, update_metrics, rollout.logprobs[real], None if sampled is None else (sampled - rollout.logprobs)[real])
+    sampler_gap = None if sampled is None else (sampled - rollout.logprobs)[real]  # (N,) the 16-bit bound's measure
+    warn_first_kl(run, step, update_metrics, rollout.logprobs[real], sampler_gap)
     metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **guard_metrics,
                **update_metrics, "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done,
                **step_peaks(rollout_memory, peak_memory(run.device, "memory/update_"))}
