@@ -202,6 +202,7 @@ def test_exercise_5s_own_finite_norm_check_counts_as_a_skipped_step():
     model.scaler.scale = 2.0 ** 10  # first the contrast: no overflow, 4 steps taken, none skipped
     metrics = ppo_update(SOLUTION, model, optimizer, scheduler, batch, cfg, torch.Generator().manual_seed(0))
     assert len(steps) == 4 and metrics["stats/skipped_steps"] == 0.0 and metrics["stats/loss_scale"] == 2.0 ** 10
+    assert model.non_finite == []
     before = masters_and_state(policy, optimizer)
 
     model.scaler.scale = 2.0 ** 40
@@ -210,6 +211,9 @@ def test_exercise_5s_own_finite_norm_check_counts_as_a_skipped_step():
     assert not math.isfinite(metrics["stats/grad_norm"])
     assert metrics["stats/skipped_steps"] == 4.0 and metrics["stats/loss_scale"] == 2.0 ** 36
     assert same(masters_and_state(policy, optimizer), before)
+    # where it overflowed, by name, though the optimizer never saw it (the trainer prints them once a step)
+    names = [name for name, _ in policy.named_parameters()]
+    assert model.non_finite and set(model.non_finite) <= set(names)
 
 
 # --- 3. the bfloat16 working copy -------------------------------------------------------------

@@ -451,6 +451,12 @@ def update(run: Run, cfg: Config, impl: ModuleType, step: int, batch: dict[str, 
         metrics = ppo_update(impl, run.model, run.optimizer, run.scheduler, batch, cfg, generator, bar, around,
                              size, dist.mean if dist.active else None, accum)
     metrics = dist.mean_metrics(metrics)  # each process's means over its own minibatches, averaged
+    if metrics.get("stats/skipped_steps") and run.precision.non_finite:
+        names = run.precision.non_finite
+        tqdm.write(f"[step {step}] {int(metrics['stats/skipped_steps'])} optimizer step(s) skipped: gradients not finite "
+                   f"({len(names)} parameters, the first {', '.join(names[:3])}); loss scale now "
+                   f"{metrics.get('stats/loss_scale', 1.0):g}")
+        run.precision.non_finite = []
     if metrics["stats/early_stop"]:
         tqdm.write(f"[step {step}] update stopped early after minibatch {int(metrics['stats/minibatches'])} of "
                    f"{calls}: approx_kl {metrics['stats/early_stop_approx_kl']:.4f} > "

@@ -108,10 +108,17 @@ class MixedPrecision(nn.Module):
         # casts it to float16.
         self.working.logits_dtype = torch.float32
         self.pairs = list(zip(self.working.parameters(), policy.parameters(), strict=True))
-        for work, master in self.pairs:
-            work.register_post_accumulate_grad_hook(self._to_master(master))
+        for index, (work, master) in enumerate(self.pairs):
+            work.register_post_accumulate_grad_hook(self._to_master(master, index))
+        # Under float16, per parameter: were all its gradients of this optimizer step finite? Kept
+        # on the device (read once a step), and read where the step skips, by the optimizer's
+        # hook or by exercise 5's own finite-norm check, which never calls the optimizer.
+        self.finite = None if self.scaler is None else torch.ones(len(self.pairs), dtype=torch.bool,
+                                                                  device=self.pairs[0][1].device)
+        self.names = [name for name, _ in policy.named_parameters()]  # parameters() order, as pairs
         self.stepped = self.overflow = False
         self.skipped_steps = 0  # optimizer steps skipped for overflow since the last metrics()
+        self.non_finite: list[str] = []  # the parameters whose gradient was not, at the last skip
 
     def train(self, mode: bool = True) -> "MixedPrecision":
         """Train (or eval) mode for the working copy too: gradient checkpointing runs in train mode only."""
@@ -127,9 +134,11 @@ class MixedPrecision(nn.Module):
         scale = self.scaler.scale
         return _ScaleGradient.apply(logits, scale), _ScaleGradient.apply(values, scale)
 
-    def _to_master(self, master: nn.Parameter) -> Any:
+    def _to_master(self, master: nn.Parameter, index: int) -> Any:
         def hook(work: torch.Tensor) -> None:
             inverse = 1.0 if self.scaler is None else 1.0 / self.scaler.scale
+            if self.finite is not None:
+                self.finite[index].logical_and_(work.grad.isfinite().all())
             if master.grad is None:
                 # a float32 gradient (the value head's) is taken over as it is, not copied
                 master.grad = work.grad.to(torch.float32)
@@ -148,10 +157,7 @@ class MixedPrecision(nn.Module):
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         self.stepped = True
-        if self.scaler is None:
-            return
-        grads = [master.grad for _, master in self.pairs if master.grad is not None]
-        if grads and not bool(torch.stack(torch._foreach_norm(grads)).isfinite().all()):
+        if self.finite is not None and not bool(self.finite.all()):
             self.overflow = True
             for _, master in self.pairs:
                 master.grad = None
@@ -174,6 +180,10 @@ class MixedPrecision(nn.Module):
         self.skipped_steps += overflow
         if self.scaler is not None:
             self.scaler.update(overflow)
+        if self.finite is not None:
+            if overflow:
+                self.non_finite = [name for name, ok in zip(self.names, self.finite.tolist()) if not ok]
+            self.finite.fill_(True)
         self.stepped = self.overflow = False
 
     def metrics(self) -> dict[str, float]:
