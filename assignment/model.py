@@ -35,9 +35,8 @@ class PolicyWithValueHead(nn.Module):
         # noise from a random projection of large hidden states.
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
-        # The dtype the logits are returned in (None: the LM's own). float32 for a float16 LM that
-        # trains with loss scaling (assignment/trainer/precision.py): the scaled gradient must meet
-        # the logits before anything casts it to float16.
+        # The dtype the logits are returned in (None: the LM's own). float32 for a 16-bit working copy
+        # (assignment/trainer/precision.py says why: memory, and float16's loss scale).
         self.logits_dtype: torch.dtype | None = None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,

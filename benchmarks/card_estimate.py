@@ -36,7 +36,8 @@ update: the recipe's update with TF32 off (plain FP32, 1/7.4 of the TF32 rate on
 what scaling its measured matmul time by that rate ratio predicts (``ppo_step.py --profile-update``
 splits an update's GPU time into matmul kernels, other kernels and the time no kernel ran).
 
-    python benchmarks/card_estimate.py --check TF32.json --against NO_TF32.json Datasheet figures are dense (no sparsity): NVIDIA's product pages and architecture
+    python benchmarks/card_estimate.py --check TF32.json --against NO_TF32.json
+ Datasheet figures are dense (no sparsity): NVIDIA's product pages and architecture
 whitepapers (Hopper H200, Ada RTX 4090/4080/4060 Ti and L4, Ampere RTX 3090 and A10, Turing T4,
 Volta V100). An A10G (AWS) is not an A10: look its figures up before adding it.
 """
@@ -75,7 +76,8 @@ def phases(bench: dict, run_metrics: list[dict] | None = None) -> dict[str, floa
     """Median seconds of each phase over the steps after the first (which compiles); with the whole
     run's metrics, the rollout's parts rescaled to the run's median rollout and its median update."""
     steps = bench["steps"][1:]
-    out = {key: statistics.median(step[key] for step in steps) for key in (*PHASES, "update_s")}
+    out = {key: statistics.median(step[key] for step in steps) for key in PHASES}
+    out["update_s"] = unprofiled_update(bench)
     if run_metrics:
         measured = run_metrics[1:]
         rollout = statistics.median(m["time/rollout"] for m in measured)
@@ -103,6 +105,13 @@ def whole_run(step: float, measured_step: float, seconds: dict, memory: float) -
     return seconds["training"] * step / measured_step + seconds["evaluation"] * memory + seconds["other"]
 
 
+def unprofiled_update(bench: dict) -> float:
+    """The median update over the steps after the first whose update was not profiled (the
+    profiler slows the host)."""
+    steps = bench["steps"][1:]
+    return statistics.median(step["update_s"] for step in [s for s in steps if "update_split" not in s] or steps)
+
+
 def update_shares(bench: dict) -> dict[str, float]:
     """The shares of the update's time (summing to 1) that were matmul and attention kernels
     (``arithmetic``), other kernels (``memory``: elementwise, reductions, copies) and time no kernel
@@ -112,7 +121,7 @@ def update_shares(bench: dict) -> dict[str, float]:
     split = next((step["update_split"] for step in bench["steps"] if step.get("update_split", {}).get("busy_s")), None)
     if split is None:
         raise ValueError(f"{bench.get('label', 'the JSON')}: no profiled update (measure with ppo_step.py --profile-update)")
-    update = statistics.median(step["update_s"] for step in bench["steps"][1:] if "update_split" not in step)
+    update = unprofiled_update(bench)
     arithmetic, memory = split["matmul_s"] + split["attention_s"], split["other_s"]
     busy = min(split["busy_s"], update)  # kernels that overlap count once: their kinds share busy_s pro rata
     return {"arithmetic": busy * arithmetic / (arithmetic + memory) / update,
@@ -121,15 +130,16 @@ def update_shares(bench: dict) -> dict[str, float]:
 
 def check(fast: dict, slow: dict) -> dict[str, float]:
     """The estimate's assumption against a measurement where arithmetic bounds the update: ``fast``
-    measured with TF32 and profiled, ``slow`` the same config with TF32 off. The prediction scales
-    ``fast``'s arithmetic share by the TF32 / plain-FP32 rate ratio and keeps the rest."""
-    shares = update_shares(fast)
-    update = statistics.median(step["update_s"] for step in fast["steps"][1:] if "update_split" not in step)
+    measured with TF32 and profiled, ``slow`` the same config with TF32 off. Two predictions: this
+    script's own (``estimate`` scales the recipe's whole update by the rate ratio) and one that
+    scales only the matmul kernels' share of it (the profile's split) and keeps the rest."""
+    shares, update = update_shares(fast), unprofiled_update(fast)
     ratio = CARDS[fast["card"]][2] / PLAIN_FP32[fast["card"]]
-    predicted = update * (shares["arithmetic"] * ratio + shares["memory"] + shares["host"])
-    measured = statistics.median(step["update_s"] for step in slow["steps"][1:] if "update_split" not in step)
+    measured = unprofiled_update(slow)
+    by_share = update * (shares["arithmetic"] * ratio + shares["memory"] + shares["host"])
     return {"update_tf32_s": update, "rate_ratio": ratio, **{f"share_{k}": v for k, v in shares.items()},
-            "predicted_s": predicted, "measured_s": measured, "error": predicted / measured - 1}
+            "measured_s": measured, "predicted_s": update * ratio, "error": update * ratio / measured - 1,
+            "predicted_by_share_s": by_share, "error_by_share": by_share / measured - 1}
 
 
 def main(argv: list[str] | None = None) -> str:

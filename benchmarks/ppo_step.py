@@ -65,9 +65,10 @@ class Enough(Exception):
 GIB = 2 ** 30
 
 
-# Kernel names by kind (cuBLAS on Hopper names its kernels nvjet_* and sm90_xmma_*; CUTLASS and
-# inductor's matmul templates, triton_tem_*, do matmuls too). Attention is told apart: flash and
-# memory-efficient SDPA kernels are arithmetic too, but not cuBLAS's.
+# Kernel names by kind, attention first: PyTorch's memory-efficient SDPA kernels are CUTLASS's too
+# (fmha_cutlassF_f32_*), and they do not run at the matmul rate (in float32 they compute the same
+# with TF32 on or off). cuBLAS on Hopper names its kernels nvjet_* and sm90_xmma_*; CUTLASS and
+# inductor's matmul templates (triton_tem_*) do matmuls too.
 MATMUL = re.compile(r"gemm|cutlass|xmma|nvjet|cublas|triton_tem|splitk", re.IGNORECASE)
 ATTENTION = re.compile(r"flash|fmha|attention|attn", re.IGNORECASE)
 
@@ -79,7 +80,7 @@ def kernel_split(events: list[tuple[str, float, float]]) -> dict[str, float]:
     split = {"matmul_s": 0.0, "attention_s": 0.0, "other_s": 0.0, "busy_s": 0.0, "kernels": float(len(events))}
     end = -math.inf
     for name, start, stop in sorted(events, key=lambda event: event[1]):
-        kind = "matmul_s" if MATMUL.search(name) else "attention_s" if ATTENTION.search(name) else "other_s"
+        kind = "attention_s" if ATTENTION.search(name) else "matmul_s" if MATMUL.search(name) else "other_s"
         split[kind] += stop - start
         split["busy_s"] += max(0.0, stop - max(start, end))
         end = max(end, stop)
@@ -103,12 +104,12 @@ def profiled(into: dict):
     into.update(kernel_split(events))
 
 
-def instrument(record: dict, runs: list, profile_update: int | None = None) -> None:
+def instrument(record: dict, runs: list, profile_next: list[bool] | None = None) -> None:
     """Wrap the functions the trainer calls by module attribute so that ``record`` accumulates
     their synchronised seconds (and, for the update, the minibatches' columns and real tokens) and
     the memory of each phase (``{phase}_held_gib``, ``{phase}_peak_gib``), and ``runs`` receives
-    the trainer's ``Run`` (its models and optimizer, for ``resident``). The update of PPO step
-    ``profile_update`` is profiled: its kernels by kind in ``record["update_split"]``."""
+    the trainer's ``Run`` (its models and optimizer, for ``resident``). While ``profile_next[0]`` is
+    true, the next update is profiled (its kernels by kind in ``record["update_split"]``), once."""
     rollout = importlib.import_module("assignment.trainer.rollout")
     ppo = importlib.import_module("assignment.trainer.ppo")
     loop = importlib.import_module("assignment.trainer.loop")
@@ -149,13 +150,11 @@ def instrument(record: dict, runs: list, profile_update: int | None = None) -> N
         run.optimizer.step = timed_step
         return run
 
-    updates = []
-
     def timed_update(*args, **kwargs):
-        updates.append(None)
-        if len(updates) != profile_update:
+        if not (profile_next and profile_next[0]):
             with timed("update_timed_s", "update"):
                 return ppo_update(*args, **kwargs)
+        profile_next[0] = False
         split: dict = {}
         with timed("update_timed_s", "update"), profiled(split):
             out = ppo_update(*args, **kwargs)
@@ -235,7 +234,8 @@ def measure(args: argparse.Namespace) -> dict:
         torch.set_float32_matmul_precision = lambda precision: None
     record: dict = defaultdict(float)
     runs: list = []
-    instrument(record, runs, args.steps if args.profile_update else None)
+    profile_next = [args.profile_update and args.steps == 1]  # set after step steps - 1: the last step's update
+    instrument(record, runs, profile_next)
     steps: list[dict] = []
 
     def on_step(step: int, metrics: dict) -> None:
@@ -255,6 +255,7 @@ def measure(args: argparse.Namespace) -> dict:
             record["parameters"] = params
         if step >= args.steps:
             raise Enough
+        profile_next[0] = args.profile_update and step == args.steps - 1
 
     import transformers
 
@@ -276,12 +277,13 @@ def median(rows: list[dict], key: str) -> float:
 
 
 def summary(run: dict) -> dict:
-    """Medians over the steps after the first (which compiles) that were not profiled (the profiler
-    slows the host)."""
-    rows = [row for row in run["steps"][1:] if "update_split" not in row] or run["steps"][1:] or run["steps"]
+    """Medians over the steps after the first (which compiles); the update's over those whose update
+    was not profiled (the profiler slows the host; it wraps the update alone)."""
+    rows = run["steps"][1:] or run["steps"]
     out = {key: median(rows, key) for key in ("rollout_s", "generate_s", "policy_forward_s", "reference_forward_s",
-                                               "rest_s", "update_s", "response_tokens", "update_real_tokens",
-                                               "update_columns")}
+                                               "rest_s", "response_tokens")}
+    updates = [row for row in rows if "update_split" not in row] or rows
+    out |= {key: median(updates, key) for key in ("update_s", "update_real_tokens", "update_columns")}
     out["tokens_per_s"] = median([{"x": r["response_tokens"] / r["rollout_s"]} for r in rows], "x")
     out["padding"] = 1 - out["update_real_tokens"] / out["update_columns"] if out["update_columns"] else float("nan")
     params = next((r["parameters"] for r in rows if "parameters" in r), float("nan"))

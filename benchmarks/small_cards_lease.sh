@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# One lease of a machine of 4 GPUs for the small-card profiles: their three whole runs, one per GPU,
-# and beside them the step benchmarks that the speed targets and the card estimates rest on.
+# One lease of a machine of 4 GPUs for the small-card profiles in 16 bits (model.train_dtype): three
+# whole runs, one per GPU, and beside them the step benchmarks that the speed targets and the card
+# estimates rest on. As run on 2026-11-28 (reports/performance.md Part 5), but for the float32
+# profiles' benchmarks, now profiled too.
 #
 #   bash benchmarks/small_cards_lease.sh start     # copy the tree to $HOME/w, start the queues, return
 #   bash benchmarks/small_cards_lease.sh watch     # print progress for WATCH_S seconds (default 540),
@@ -23,9 +25,15 @@ R=$HOME/r
 # NVLink multicast stays off in every process (the machine's rule).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 
-run() {  # run GPU NAME: the whole run of configs/gsm8k_qwen_coder_NAME.yaml, then its report
-  echo "python3 -m assignment.trainer --config configs/gsm8k_qwen_coder_$2.yaml --impl solutions/exercises.py \
-train.output_dir=$R/$2 train.time_limit_s=null train.final_checkpoint=false"
+# The 16-bit versions of the profiles, as overrides of the shipped (float32) profile files.
+BF16_24="model.train_dtype=bfloat16 model.reference_dtype=bfloat16 eval.model=sampler"
+BF16_16="model.train_dtype=bfloat16 eval.model=sampler"
+FP16_16="model.train_dtype=float16 model.reference_dtype=float16 rollout.generation_dtype=float16 eval.model=sampler"
+
+run() {  # run NAME PROFILE OVERRIDES...: a whole run of configs/gsm8k_qwen_coder_PROFILE.yaml into $R/NAME
+  local name=$1 profile=$2; shift 2
+  echo "python3 -m assignment.trainer --config configs/gsm8k_qwen_coder_$profile.yaml --impl solutions/exercises.py \
+train.output_dir=$R/$name train.time_limit_s=null train.final_checkpoint=false $*"
 }
 bench() {  # bench NAME CONFIG LABEL ARGS...: ppo_step.py, 4 steps (the first compiles)
   local name=$1 config=$2 label=$3; shift 3
@@ -48,16 +56,16 @@ case "${1:-}" in
     cp -r assignment solutions configs benchmarks pyproject.toml "$W/"
     nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpu.txt"
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >> "$R/gpu.txt"
-    queue 0 "$(run 0 24gb)" \
-      "$(bench 16gb_after gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16 training' --profile-update)"
-    queue 1 "$(run 1 16gb)" \
-      "$(bench 16gb_float16_after gsm8k_qwen_coder_16gb_float16.yaml '16 GB profile, float16 training' --profile-update)"
-    queue 2 "$(run 2 16gb_float16)"
+    queue 0 "$(run 24gb 24gb $BF16_24)" \
+      "$(bench 16gb_after gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16 training' --profile-update $BF16_16)"
+    queue 1 "$(run 16gb 16gb $BF16_16)" \
+      "$(bench 16gb_float16_after gsm8k_qwen_coder_16gb.yaml '16 GB profile, float16 training' --profile-update $FP16_16)"
+    queue 2 "$(run 16gb_float16 16gb $FP16_16)"
     queue 3 "$(bench recipe gsm8k_qwen_coder.yaml 'recipe, float32 (TF32)' --profile-update)" \
-      "$(bench 24gb_before gsm8k_qwen_coder_24gb.yaml '24 GB profile, float32 training (before)' model.train_dtype=null model.reference_dtype=null)" \
-      "$(bench 16gb_before gsm8k_qwen_coder_16gb.yaml '16 GB profile, float32 training (before)' model.train_dtype=null)" \
+      "$(bench 24gb_before gsm8k_qwen_coder_24gb.yaml '24 GB profile, float32 training (before)' --profile-update)" \
+      "$(bench 16gb_before gsm8k_qwen_coder_16gb.yaml '16 GB profile, float32 training (before)' --profile-update)" \
       "$(bench recipe_fp32 gsm8k_qwen_coder.yaml 'recipe, plain FP32 (TF32 off)' --profile-update --no-tf32)" \
-      "$(bench 24gb_after gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16 training' --profile-update)"
+      "$(bench 24gb_after gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16 training' --profile-update $BF16_24)"
     cat "$R/gpu.txt"; echo "started: $(ls $R/queue*.sh | wc -l) queues"
     ;;
   watch)

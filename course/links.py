@@ -12,6 +12,7 @@ one numbered ``-1``, ``-2``.
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 from pathlib import Path
@@ -53,11 +54,12 @@ def markdown_files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.md") if ".venv" not in p.parts)
 
 
+@functools.cache
 def ignored(path: Path, root: Path) -> bool:
     """True for a path git ignores in the checkout ``root`` (False outside a checkout)."""
     if not (root / ".git").exists():
         return False
-    return subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=root).returncode == 0
+    return subprocess.run(["git", "check-ignore", "-q", str(path.resolve())], cwd=root).returncode == 0
 
 
 def blank(match: re.Match) -> str:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from assignment.trainer import cli, loop
-from assignment.trainer.cards import FLOAT16_OVERRIDES, PROFILES, card_problem, check_card, uses_bfloat16
+from assignment.trainer.cards import PROFILES, bfloat16_fields, card_problem, check_card, float16_overrides
 from assignment.trainer.config import ConfigError, load_config
 from assignment.trainer.loop import train
 
@@ -37,7 +37,7 @@ def test_the_profiles_table_is_the_profiles_files():
     assert [p.cap_gib for p in PROFILES] == sorted((p.cap_gib for p in PROFILES), reverse=True)  # largest first
     for profile in PROFILES:
         cfg = config(profile.config)
-        assert profile.cap_gib == cfg.train.max_gpu_memory_gib and profile.bfloat16 == uses_bfloat16(cfg), profile
+        assert profile.cap_gib == cfg.train.max_gpu_memory_gib and profile.bfloat16 == bool(bfloat16_fields(cfg)), profile
     assert {p.config for p in PROFILES} == {PROFILE_24, PROFILE_16}
     recipe = config(RECIPE)
     assert recipe.train.min_gpu_memory_gib == 38 and recipe.train.max_gpu_memory_gib is None
@@ -78,13 +78,24 @@ def test_the_card_check_names_the_card_the_need_and_the_profile_that_fits(path, 
     else:
         assert "GiB" not in message.split(":")[0], message  # memory is not the reason given
     assert ("bfloat16" in message.split(":")[0]) == (not bfloat16), message  # named as a reason only where lacking
-    assert (FLOAT16_OVERRIDES in message) == float16, message
+    target = path if advised == "keep" else advised
+    overrides = float16_overrides(config(target))  # the bfloat16 fields of what is to run, to float16
+    assert ("float16 overrides" in message) == float16 and (not float16 or overrides in message), message
     named = [p.config for p in PROFILES if p.config in message]
     assert named == ([] if advised == "keep" else [advised]), message  # one profile, the right one
     # Followed to the letter (the profile named, or this config, with the overrides it gives), the
     # advice runs on this card.
-    followed = config(path if advised == "keep" else advised, *(FLOAT16_OVERRIDES.split() if float16 else ()))
+    followed = config(target, *(overrides.split() if float16 else ()))
     assert card_problem(followed, name, memory, bfloat16) is None
+
+
+def test_a_bfloat16_working_copy_is_told_every_field_to_move():
+    """model.train_dtype=bfloat16 on a T4: the overrides move it too, and followed, the check passes."""
+    cfg = config(PROFILE_16, "model.train_dtype=bfloat16")
+    message = card_problem(cfg, *T4)
+    assert "model.train_dtype=float16" in message and "model.reference_dtype=float16" in message, message
+    followed = config(PROFILE_16, "model.train_dtype=bfloat16", *float16_overrides(cfg).split())
+    assert card_problem(followed, *T4) is None
 
 
 def test_a_card_smaller_than_every_profile_is_told_so():
@@ -95,7 +106,7 @@ def test_a_card_smaller_than_every_profile_is_told_so():
 
 def test_a_config_stating_no_need_and_no_bfloat16_runs_anywhere():
     cfg = load_config(None, TINY)  # the CPU synthetic task: float32 throughout, no memory stated
-    assert not uses_bfloat16(cfg) and card_problem(cfg, "Tesla T4", 14.6, False) is None
+    assert not bfloat16_fields(cfg) and card_problem(cfg, "Tesla T4", 14.6, False) is None
     assert card_problem(cfg, "a 1 GiB card", 1.0, False) is None
 
 

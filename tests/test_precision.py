@@ -510,3 +510,34 @@ def test_the_config_takes_the_16_bit_settings_it_can_run():
     assert load_config(None, ["model.train_dtype=float16"]).model.train_dtype == "float16"
     cfg = load_config(None, ["eval.model=sampler", "rollout.generation_dtype=float16"])
     assert (cfg.eval.model, cfg.rollout.generation_dtype) == ("sampler", "float16")
+
+
+def test_an_update_stopped_inside_a_cycle_leaves_no_overflow_behind():
+    """ppo.target_kl stops an update after the first minibatch of a 2-minibatch cycle that overflowed
+    (2^40): the cycle is discarded with what its hooks noted, so the next update's clean steps are
+    taken, not skipped as if the old overflow were theirs."""
+    cfg = load_config(None, [*TINY, "ppo.grad_accum_steps=2", "ppo.target_kl=1e-9", "ppo.epochs=1"])
+    policy = small_policy()
+    model = MixedPrecision(policy, torch.float16)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    model.attach(optimizer)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    batch = hand_batch(rows=8)
+    batch["logprobs_old"] = batch["logprobs_old"] + 1.0  # approx_kl ~1 at the first minibatch: past the bound
+    model.scaler.scale = 2.0 ** 40
+    stopped = ppo_update(SOLUTION, model, optimizer, scheduler, batch, cfg, torch.Generator().manual_seed(0))
+    assert stopped["stats/early_stop"] == 1.0 and stopped["stats/minibatches"] == 1.0  # inside the cycle
+    model.scaler.scale = 2.0 ** 10
+    clean = ppo_update(SOLUTION, model, optimizer, scheduler, batch, dataclasses.replace(cfg, ppo=PPOConfig(
+        **{**dataclasses.asdict(cfg.ppo), "target_kl": None})), torch.Generator().manual_seed(0))
+    assert clean["stats/skipped_steps"] == 0.0 and clean["stats/loss_scale"] == 2.0 ** 10, clean
+
+
+def test_the_trainer_names_where_a_float16_gradient_overflowed(tmp_path, monkeypatch, capsys):
+    """A float16 run whose loss scale overflows every step prints, at each step that skipped, how
+    many optimizer steps and the first parameters whose gradient was not finite."""
+    monkeypatch.setattr(precision_module, "LossScaler", lambda: LossScaler(scale=2.0 ** 40))
+    train(tiny_cfg(tmp_path, "model.train_dtype=float16", "train.steps=1"), SOLUTION)
+    printed = capsys.readouterr().out
+    line = next(line for line in printed.splitlines() if "skipped: gradients not finite" in line)
+    assert line.startswith("[step 1] 4 optimizer step(s) skipped") and "lm.model." in line, line

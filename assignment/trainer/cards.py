@@ -9,10 +9,13 @@ it needs bfloat16, which cards before Ampere (compute capability 8.0: T4, V100) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from assignment.trainer.config import Config
+from assignment.trainer.config import Config, load_config
+
+ROOT = Path(__file__).resolve().parents[2]  # where configs/ is, in the repository and in a release
 
 
 @dataclass(frozen=True)
@@ -28,13 +31,20 @@ PROFILES = (
     Profile("configs/gsm8k_qwen_coder_24gb.yaml", 20.0, True, "24 GB cards: L4, A10, RTX 3090/4090"),
     Profile("configs/gsm8k_qwen_coder_16gb.yaml", 14.0, True, "16 GB cards: T4, V100, RTX 4060 Ti/4080"),
 )
-# What a card without bfloat16 changes in a profile: the sampler and the reference in float16 (the
-# policy trains in float32 in every shipped config).
-FLOAT16_OVERRIDES = "rollout.generation_dtype=float16 model.reference_dtype=float16"
+# The dtype fields, and the override that moves each from bfloat16 to float16 on a card without it.
+DTYPE_FIELDS = ("model.dtype", "model.reference_dtype", "model.train_dtype", "rollout.generation_dtype")
 
 
-def uses_bfloat16(cfg: Config) -> bool:
-    return "bfloat16" in (cfg.model.dtype, cfg.model.reference_dtype, cfg.model.train_dtype, cfg.rollout.generation_dtype)
+def bfloat16_fields(cfg: Config) -> list[str]:
+    """The dtype fields of ``cfg`` that ask for bfloat16 (a null reference_dtype follows model.dtype)."""
+    values = {"model.dtype": cfg.model.dtype, "model.reference_dtype": cfg.model.reference_dtype,
+              "model.train_dtype": cfg.model.train_dtype, "rollout.generation_dtype": cfg.rollout.generation_dtype}
+    return [field for field in DTYPE_FIELDS if values[field] == "bfloat16"]
+
+
+def float16_overrides(cfg: Config) -> str:
+    """The overrides that take ``cfg`` off bfloat16: each bfloat16 field to float16."""
+    return " ".join(f"{field}=float16" for field in bfloat16_fields(cfg))
 
 
 def card_problem(cfg: Config, card: str, memory_gib: float, has_bfloat16: bool) -> str | None:
@@ -42,7 +52,7 @@ def card_problem(cfg: Config, card: str, memory_gib: float, has_bfloat16: bool) 
     profiles that can; None when it can."""
     needs = cfg.train.max_gpu_memory_gib or cfg.train.min_gpu_memory_gib
     too_small = needs is not None and needs > memory_gib
-    no_bfloat16 = uses_bfloat16(cfg) and not has_bfloat16
+    no_bfloat16 = bool(bfloat16_fields(cfg)) and not has_bfloat16
     if not (too_small or no_bfloat16):
         return None
     reasons = []
@@ -53,11 +63,12 @@ def card_problem(cfg: Config, card: str, memory_gib: float, has_bfloat16: bool) 
         reasons.append(f"it computes in bfloat16, which this {card} lacks (compute capability below 8.0)")
     fitting = [p for p in PROFILES if p.cap_gib <= memory_gib]
     if not too_small:
-        advice = f"keep this config with the float16 overrides {FLOAT16_OVERRIDES}"
+        advice = f"keep this config with the float16 overrides {float16_overrides(cfg)}"
     elif fitting:
         advice = f"run {fitting[0].config} ({fitting[0].cards})"
         if not has_bfloat16 and fitting[0].bfloat16:
-            advice += f" with the float16 overrides {FLOAT16_OVERRIDES}"
+            profile = load_config(ROOT / fitting[0].config)  # its own bfloat16 fields
+            advice += f" with the float16 overrides {float16_overrides(profile)}"
     else:
         advice = f"no GSM8K profile fits {memory_gib:.1f} GiB; the smallest needs {min(p.cap_gib for p in PROFILES):g} GiB"
     return "; ".join(reasons) + ": " + advice

@@ -471,10 +471,11 @@ def warn_first_kl(run: Run, step: int, metrics: dict[str, float], logprobs: torc
     cannot show it. ``logprobs`` (N,): the rollout's log-probs on real tokens; ``sampler_gap`` (N,):
     the sampler's own log-probs minus those (the rounding of a 16-bit policy)."""
     first_kl = metrics.get("stats/approx_kl_first")
-    if run.first_kl_warned or first_kl is None or logprobs.numel() == 0:
+    if first_kl is None or logprobs.numel() == 0:
         return
     tolerance = first_kl_tolerance(run.scorer, float(logprobs.abs().max()), sampler_gap)
-    if not abs(first_kl) <= tolerance:  # NaN warns too
+    metrics["stats/first_kl_tolerance"] = tolerance  # logged with every step, warned or not
+    if not run.first_kl_warned and not abs(first_kl) <= tolerance:  # NaN warns too
         run.first_kl_warned = True
         tqdm.write(f"[step {step}] WARNING: stats/approx_kl_first = {first_kl:.3g}, not 0 within float rounding "
                    f"(|approx_kl_first| <= {tolerance:.1e}): {FIRST_KL_CAUSES}")

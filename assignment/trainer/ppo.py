@@ -65,16 +65,20 @@ def first_kl_tolerance(policy: torch.nn.Module, max_abs_logprob: float, sampler_
 
     A policy in 16 bits (model.train_dtype, or model.dtype) has u = 2^-8 (bfloat16): the worst case
     above is then silent even on the CPU demo's model (92 there), where correct code measures 0. So
-    the bound comes from the rounding this precision actually makes, measured on the same step:
+    the bound is taken from the rounding this precision actually makes, measured on the same step:
     ``sampler_gap`` (N,), the differences, token by token over the batch, between the sampler's own
     log-probs of its tokens and logprobs_old (``rollout.SampledLogprobs``): two 16-bit computations
     of the same log-probs with the same weights by other kernels on other shapes (the decoding step
-    with its KV cache, and the scoring forward), as the update's forward is a third. approx_kl_first
-    is a token mean of such differences e_t, and |mean e_t| <= sqrt(mean e_t^2) (Cauchy-Schwarz),
-    so the bound is their root mean square. For zero-mean rounding it is ~sqrt(N) times the mean's
-    actual size (~60x at 4,000 tokens), room for the update's kernels to round differently from
-    the decoder's. Measured on the CPU demo's model in bfloat16: 1.5e-3 to 3e-3, where correct code
-    gives 0 and a slice one position late 3.6e-2.
+    with its KV cache, and the scoring forward). approx_kl_first is a token mean of differences e_t
+    of the same kind (the update's forward against the scoring forward), and |mean e_t| <=
+    sqrt(mean e_t^2) (Cauchy-Schwarz). The bound is the root mean square of ``sampler_gap``; that it
+    also bounds the update's e_t is an assumption, not a derivation: that the update's kernels round
+    no worse than the decoder's. The inequality leaves room for it: for zero-mean rounding the mean
+    is ~sqrt(N) times smaller than the root mean square (~60x at 4,000 tokens). Measured on the CPU
+    demo's model in bfloat16: 1.5e-3 to 3e-3, where correct code gives 0 and a slice one position
+    late 3.6e-2; a forgotten temperature at the demo's 0.8 (3.0e-3 at step 1 in float32) can stay
+    under it, at 0.5 it does not (tests/test_precision.py). On Qwen (H200) correct code reached
+    approx_kl_first 9.9e-4 with no warning. The bound is logged as stats/first_kl_tolerance.
     """
     matrices = [p for p in policy.parameters() if p.dim() == 2]
     if not matrices:
@@ -417,6 +421,8 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
             break
     optimizer.zero_grad(set_to_none=True)  # an early stop's unfinished cycle is discarded here
     drop_local_gradients(policy)  # and under FSDP2 its unreduced gradients too
+    if isinstance(policy, MixedPrecision):
+        policy.discard_cycle()  # and what its gradient hooks noted of it
     means = {key: sums[key] / counts[key] for key in sums} | first
     means.update({"stats/lr": scheduler.get_last_lr()[0], "stats/minibatches": float(ran),
                   "stats/early_stop": float(stopped)})

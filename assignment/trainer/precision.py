@@ -11,7 +11,7 @@ What exercise 5 sees is ``MixedPrecision``, a module whose forward runs the work
 ``parameters()`` are the masters. So the student's code is unchanged:
 
 - ``model(input_ids, attention_mask)`` runs in 16-bit and returns the logits (B, L, V) and values
-  (B, L): in bfloat16 and float32; under float16 both in float32 (below);
+  (B, L) in float32: the LM head computes in 16 bits and its output is widened (``logits_dtype``);
 - ``loss.backward()`` computes 16-bit gradients of the working copy; as each one is complete, a
   hook adds it, in float32 and divided by the loss scale, to its master's ``.grad`` and frees it.
   Accumulation over minibatches happens in float32, never in 16-bit;
@@ -25,8 +25,8 @@ first), so that the whole backward runs on scaled values; the hooks divide by S 
 scaling has to happen before anything casts the gradient to float16, so under float16 the logits
 are returned in float32 (the LM head computes them in float16; the cast back to float16 of their
 gradient then carries the scale). Where the scaled gradients overflowed, the optimizer's pre-step
-hook finds a non-finite master gradient and clears them all: the step changes nothing (AdamW skips
-a parameter without a gradient) and S halves. bfloat16 has float32's exponent range: no scaling.
+hook finds a non-finite gradient (the gradient hooks keep a flag per parameter) and clears the
+masters' gradients: the step changes nothing (AdamW skips a parameter without one) and S halves. bfloat16 has float32's exponent range: no scaling.
 
 One process only: DDP and FSDP reduce the gradients of the parameters that run the backward, here
 the working copy's, which the hooks free as they arrive (``Distributed.check`` refuses it).
@@ -90,9 +90,10 @@ def working_copy(policy: PolicyWithValueHead, dtype: torch.dtype) -> PolicyWithV
 
 class MixedPrecision(nn.Module):
     """The policy as exercise 5 trains it under ``model.train_dtype`` (module docstring): forward
-    runs ``self.working``, the 16-bit copy; ``parameters()`` and ``state_dict()`` are ``self.policy``'s,
-    the float32 masters. ``attach(optimizer)`` before the first step; ``end_cycle()`` after each
-    exercise-5 call that was to step the optimizer."""
+    runs ``self.working``, the 16-bit copy; ``parameters()`` are ``self.policy``'s, the float32
+    masters (checkpoints save ``self.policy`` itself). ``attach(optimizer)`` before the first step;
+    ``end_cycle()`` after each exercise-5 call that was to step the optimizer, ``discard_cycle()``
+    where an update stops inside a cycle."""
 
     def __init__(self, policy: PolicyWithValueHead, dtype: torch.dtype):
         super().__init__()
@@ -183,6 +184,13 @@ class MixedPrecision(nn.Module):
         if self.finite is not None:
             if overflow:
                 self.non_finite = [name for name, ok in zip(self.names, self.finite.tolist()) if not ok]
+            self.finite.fill_(True)
+        self.stepped = self.overflow = False
+
+    def discard_cycle(self) -> None:
+        """Where an update stops inside an accumulation cycle (ppo.target_kl) and its gradients are
+        thrown away: forget what the cycle's hooks noted, so that the next one starts clean."""
+        if self.finite is not None:
             self.finite.fill_(True)
         self.stepped = self.overflow = False
 
