@@ -457,7 +457,8 @@ def warn_first_clipfrac(run: Run, step: int, metrics: dict[str, float], logprobs
         return
     if abs(first_kl) <= first_kl_tolerance(run.policy, float(logprobs.abs().max())):
         run.first_clipfrac_warned = True
-        tqdm.write(f"[step {step}] WARNING: stats/policy_clipfrac_first = {clipfrac:.3g}, not 0: {FIRST_CLIPFRAC_CAUSES}")
+        tqdm.write(f"[step {step}] WARNING: stats/policy_clipfrac_first = {clipfrac:.3g}, not 0: "
+                   f"{FIRST_CLIPFRAC_CAUSES}")
 
 
 def score_responses(texts: list[str], problems: list[Problem], responses: Sample, cfg: RewardConfig) -> list[Score]:

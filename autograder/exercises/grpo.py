@@ -116,7 +116,10 @@ def advantages(case: Case, batch: bool = False, unbiased: bool = True, norm_by_s
     norm = case.scalars["norm_by_std"] if norm_by_std is None else norm_by_std
     eps = case.scalars["eps"]
     c = r - mean
-    out = (c / torch.sqrt(std ** 2 + eps) if eps_inside else c / (std + eps)) if norm else c / (1 + eps) if unit_std else c
+    if norm:
+        out = c / torch.sqrt(std ** 2 + eps) if eps_inside else c / (std + eps)
+    else:
+        out = c / (1 + eps) if unit_std else c
     return torch.where(case.mask, out[:, None], 0.0)
 
 
