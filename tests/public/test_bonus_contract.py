@@ -48,14 +48,15 @@ def test_grpo_advantages_hand_computed(impl):
     adv = attempt(impl, "compute_grpo_advantages", REWARDS, GROUPS, MASK6, True, eps)
     # group 0: mean 2/3, sample std sqrt(((1/3)^2 + (2/3)^2 + (1/3)^2) / 2) = sqrt(1/3); divided by 3 instead,
     # sqrt(2/9). The whole batch's rewards 1, 0, 1, 1, 0.5: mean 0.7, sample std sqrt(0.8 / 4); row 0 is then
-    # 0.3 / (its group's std + eps) with the batch's mean, 1/3 / (sqrt(0.2) + eps) with the batch's std
+    # 1/3 / (sqrt(0.2) + eps) with the batch's std, and 0.3 over its group's std with the batch's mean (the
+    # group's 0.3, -0.7, 0.3 spread around 0 by sqrt(0.67 / 2), or around their own mean by sqrt(1/3))
     std = math.sqrt(1 / 3)
     expected = [(1 - 2 / 3) / (std + eps), (0 - 2 / 3) / (std + eps), (1 - 2 / 3) / (std + eps)]
     got = adv[0, 0].item()
     assert got == near(expected[0], scale=2), explain(
         "row 0: (r - group mean) / (group's sample std + eps)", got, expected[0],
         [((1 / 3) / (math.sqrt(2 / 9) + eps), POPULATION), ((1 / 3) / (math.sqrt(0.2) + eps), WHOLE_BATCH),
-         (0.3 / (std + eps), WHOLE_BATCH)], scale=2)
+         (0.3 / (math.sqrt(0.67 / 2) + eps), WHOLE_BATCH), (0.3 / (std + eps), WHOLE_BATCH)], scale=2)
     for row, value in enumerate(expected):
         assert adv[row][MASK6[row]].tolist() == [near(value, scale=2)] * int(MASK6[row].sum()), \
             f"row {row}: (r - group mean) / (group's sample std (n - 1) + eps) on every real token"
@@ -111,27 +112,6 @@ LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 0.0], [0.0, 0.0, 0.0]], dtype=t
 MASK7 = torch.cat([MASK, torch.zeros(1, 3, dtype=torch.bool)])  # a third, empty row
 
 
-@pytest.mark.ex7
-@pytest.mark.parametrize("mode, expected", [
-    ("token-mean", 15 / 5),                       # the 5 real tokens
-    ("seq-mean-token-mean", (6 / 3 + 9 / 2) / 2),  # the two non-empty rows' means
-    ("seq-mean-token-sum-norm", 15 / (3 * 4)),      # B = 3 rows, budget 4, whatever the lengths
-])
-def test_aggregate_loss_hand_computed(impl, mode, expected):
-    loss_mat = with_junk(LOSS, MASK7).requires_grad_()
-    loss = attempt(impl, "aggregate_loss", loss_mat, MASK7, mode, 4)
-    assert loss.dim() == 0, f"{mode}: the loss is a scalar"
-    assert loss.item() == near(expected, scale=15), explain(f"{mode}: see the docstring's formula", loss.item(),
-                                                            expected, AGGREGATION_MISTAKES[mode], scale=15)
-    loss.backward()
-    assert torch.isfinite(loss_mat.grad[2]).all(), \
-        "the gradient is NaN or inf in row 2, which holds no real token: an empty row's count of real tokens is 0, " \
-        "so dividing by it gives 0 / 0, and selecting the result away afterwards (torch.where, or indexing the other " \
-        "rows) still sends 0 * inf = NaN back through the division. Divide by a clamped count (count.clamp(min=1)), " \
-        "or select the non-empty rows before dividing"
-    assert loss_mat.grad[~MASK7].abs().max().item() == 0.0, "junk in padding must not reach the loss"
-
-
 # the rows' sums 6, 9 and 0 over 3, 2 and 0 real tokens: GRPO's mean over three rows (2 + 4.5 + 0) / 3, the
 # token-mean 15 / 5; Dr. GRPO's sum over the padded width T = 3 instead of the budget 4, over the budget alone,
 # each row over its own length
@@ -151,6 +131,27 @@ AGGREGATION_MISTAKES = {
 
 
 @pytest.mark.ex7
+@pytest.mark.parametrize("mode, expected", [
+    ("token-mean", 15 / 5),                       # the 5 real tokens
+    ("seq-mean-token-mean", (6 / 3 + 9 / 2) / 2),  # the two non-empty rows' means
+    ("seq-mean-token-sum-norm", 15 / (3 * 4)),      # B = 3 rows, budget 4, whatever the lengths
+])
+def test_aggregate_loss_hand_computed(impl, mode, expected):
+    loss_mat = with_junk(LOSS, MASK7).requires_grad_()
+    loss = attempt(impl, "aggregate_loss", loss_mat, MASK7, mode, 4)
+    assert loss.dim() == 0, f"{mode}: the loss is a scalar"
+    assert loss.item() == near(expected, scale=15), explain(f"{mode}: see the docstring's formula", loss.item(),
+                                                            expected, AGGREGATION_MISTAKES[mode], scale=15)
+    loss.backward()
+    assert mode != "seq-mean-token-mean" or torch.isfinite(loss_mat.grad[2]).all(), \
+        "the gradient is NaN or inf in row 2, which holds no real token: an empty row's count of real tokens is 0, " \
+        "so dividing by it gives 0 / 0, and selecting the result away afterwards (torch.where, or indexing the other " \
+        "rows) still sends 0 * inf = NaN back through the division. Divide by a clamped count (count.clamp(min=1)), " \
+        "or select the non-empty rows before dividing"
+    assert loss_mat.grad[~MASK7].abs().max().item() == 0.0, "junk in padding must not reach the loss"
+
+
+@pytest.mark.ex7
 def test_aggregate_loss_refuses_an_unknown_mode(impl):
     with pytest.raises(ValueError):
         attempt(impl, "aggregate_loss", LOSS, MASK7, "seq-mean-token-sum", 4)
@@ -162,6 +163,15 @@ def test_aggregate_loss_refuses_an_unknown_mode(impl):
 
 LOGPROBS = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -4.0, -9.0]], dtype=torch.float64)
 REF = torch.tensor([[-1.5, -1.0, -0.5], [-0.3, -2.0, -1.0]], dtype=torch.float64)
+
+
+KL_MISTAKES = {
+    "k1": [(lambda log_r: log_r, "k1 is logprobs - ref_logprobs (= -log r with r = pi_ref / pi): the sign is flipped")],
+    "k2": [(lambda log_r: log_r ** 2, "k2 is half the squared log-ratio: 0.5 * (ref_logprobs - logprobs)**2")],
+    "k3": [(lambda log_r: math.exp(-log_r) - 1 + log_r, "k3's ratio is r = pi_ref / pi = exp(ref_logprobs - "
+                                                          "logprobs); the other way up it estimates KL(pi_ref || pi)"),
+           (lambda log_r: math.exp(log_r) - log_r, "k3 = r - 1 - log r: subtract the 1")],
+}
 
 
 @pytest.mark.ex8
@@ -184,22 +194,13 @@ def test_kl_estimators_hand_computed(impl, estimator, per_token):
     assert logprobs.grad[~MASK].abs().max().item() == 0.0, "no gradient through padding"
 
 
-KL_MISTAKES = {
-    "k1": [(lambda log_r: log_r, "k1 is logprobs - ref_logprobs (= -log r with r = pi_ref / pi): the sign is flipped")],
-    "k2": [(lambda log_r: log_r ** 2, "k2 is half the squared log-ratio: 0.5 * (ref_logprobs - logprobs)**2")],
-    "k3": [(lambda log_r: math.exp(-log_r) - 1 + log_r, "k3's ratio is r = pi_ref / pi = exp(ref_logprobs - "
-                                                          "logprobs); the other way up it estimates KL(pi_ref || pi)"),
-           (lambda log_r: math.exp(log_r) - log_r, "k3 = r - 1 - log r: subtract the 1")],
-}
-
-
 @pytest.mark.ex8
-@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
-def test_kl_in_float32_keeps_the_padding_junk_out_of_the_gradient(impl, estimator):
+def test_k3_in_float32_keeps_the_padding_junk_out_of_the_gradient(impl):
     """Log-probs of -300 at padding, a reference's -1 there: in float32, exp(-1 - (-300)) is inf, and
-    exp taken before the padding is selected away sends 0 * inf = NaN back through the select."""
+    exp taken before the padding is selected away sends 0 * inf = NaN back through the select (in
+    float64, test_kl_estimators_hand_computed's, e^299 is finite)."""
     logprobs = with_junk(LOGPROBS.float(), MASK, junk=-300.0).requires_grad_()
-    kl = attempt(impl, "compute_kl", logprobs, REF.float(), MASK, estimator)
+    kl = attempt(impl, "compute_kl", logprobs, REF.float(), MASK, "k3")
     assert kl[~MASK].abs().max().item() == 0.0, "padded positions are 0"
     kl[MASK].sum().backward()
     assert torch.isfinite(logprobs.grad).all(), \
