@@ -16,13 +16,14 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "grading.yaml"
 
 
-def test_the_grader_starts_from_an_interpreter_path_through_dotdot():
+def test_the_grader_starts_from_an_interpreter_path_through_dotdot(tmp_path):
     """``../venv/bin/python -m autograder FILE`` from inside the project: sys.executable then walks
     through the project's folder, which the namespaces sandbox's root does not hold."""
     inside = ROOT / "tests"
     python = os.path.relpath(sys.executable, inside)
     assert python.startswith("..")
-    proc = subprocess.run([python, "-m", "autograder", "../solutions/exercises.py", "--exercise", "8"], cwd=inside,
+    proc = subprocess.run([python, "-m", "autograder", "../solutions/exercises.py", "--exercise", "8",
+                           "--results", str(tmp_path / "results.json")], cwd=inside,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "4 / 4" in proc.stdout
