@@ -72,6 +72,7 @@ MINIMUM = "you take the minimum of the two terms; the loss takes the maximum (th
 PADDED = "your mean includes padded positions: take the token-mean over the real tokens (masked_mean)"
 EVERY_POSITION = "you zero the padding but divide by every position, B * T: divide by the number of real tokens"
 ROW_MEANS = "you average per-row means; the token-mean divides the sum over all real tokens by their number"
+NO_CLIPPED_TERM = "your loss ignores the clipped term: take the larger of -A * ratio and -A * clamp(ratio)"
 STRICT = "use a strict > in clip_frac: where both terms are equal (ratio 1, or a ratio inside the clip range), " \
          "nothing is clipped"
 
@@ -88,14 +89,16 @@ def test_policy_loss_hand_computed(impl):
     # per token: max(-A r, -A clamp(r)): (1.5, A=1) -> max(-1.5, -1.2) = -1.2 (clipped)
     # (0.5, A=-2) -> max(1.0, 1.6) = 1.6 (clipped); (1.0, A=3) -> -3; (1.1, A=-1) -> 1.1; (1.0, A=0) -> 0
     # padded (9, A=5): max(-45, -6) = -6. Mistakes: min(A r, A clip r) maximised gives +0.3; max(A r, A clip r)
-    # 1.5 - 1 + 3 - 1.1 = 2.4 / 5; the minimum of the two terms -1.5 + 1 - 3 + 1.1 = -2.4 / 5; A * r clamped to
+    # 1.5 - 1 + 3 - 1.1 = 2.4 / 5; the minimum of the two terms -1.5 + 1 - 3 + 1.1 = -2.4 / 5, which -A * r alone
+    # gives too (so neither is named: test_policy_clip_fraction_... tells them apart); A * r clamped to
     # [0.8, 1.2]: -1.2 + 1 - 1.2 + 1.1 + 0 = -0.3 / 5; the log-ratio clamped to [-0.2, 0.2]: -e^0.2 + 2 e^-0.2
     # - 3 + 1.1; the inverted ratio: -2/3 + 4 - 3 + 1/1.1; the mean over all 6 positions with the padded -6:
     # -7.5 / 6, with 0 there: -1.5 / 6; the rows' means: (-2.6 / 3 + 1.1 / 2) / 2
     expected = (-1.2 + 1.6 - 3.0 + 1.1 + 0.0) / 5
     assert loss.item() == near(expected, scale=5 * 9), explain(
         "loss: the token-mean over the 5 real tokens of max(-A * ratio, -A * clamp(ratio, 0.8, 1.2))", loss.item(),
-        expected, [(0.3, SIGN), (2.4 / 5, SIGN), (-2.4 / 5, MINIMUM), (-0.3 / 5, CLAMP_PRODUCT),
+        expected, [(0.3, SIGN), (2.4 / 5, SIGN), (-2.4 / 5, MINIMUM), (-2.4 / 5, NO_CLIPPED_TERM),
+                   (-0.3 / 5, CLAMP_PRODUCT),
                    ((-math.exp(0.2) + 2 * math.exp(-0.2) - 1.9) / 5, CLAMP_LOG_RATIO),
                    ((-2 / 3 + 1 + 1 / 1.1) / 5, INVERTED), (-7.5 / 6, PADDED), (-1.5 / 6, EVERY_POSITION),
                    ((-2.6 / 3 + 1.1 / 2) / 2, ROW_MEANS)], scale=45)  # |A| * ratio <= 45
@@ -125,14 +128,15 @@ def test_policy_clip_fraction_counts_only_tokens_where_the_clipped_term_is_activ
     # ratio 1.5 outside [0.8, 1.2], but A < 0: the unclipped term -A * r = 1.5 is the larger, so
     # nothing is clipped; ratio 0.5 with A < 0: the clipped term -A * 0.8 = 0.8 is active.
     # Counting every ratio outside the range gives 2 of 2; clamping A * r (to 0.8, its terms -0.8)
-    # clips none, with a loss of (1.5 + 0.5) / 2
+    # clips none, with a loss of (1.5 + 0.5) / 2, which -A * r alone gives too; the minimum: (1.2 + 0.5) / 2
     new = torch.log(torch.tensor([[1.5, 0.5]], dtype=torch.float64))
     mask = torch.ones(1, 2, dtype=torch.bool)
     loss, clip_frac, _ = impl.compute_policy_loss(new, torch.zeros(1, 2, dtype=torch.float64),
                                                   torch.tensor([[-1.0, -1.0]], dtype=torch.float64), mask, 0.2)
     assert loss.item() == near((1.5 + 0.8) / 2, scale=2), explain(
         "loss: the larger of -A * ratio and -A * clamp(ratio)", loss.item(), (1.5 + 0.8) / 2,
-        [(-1.15, SIGN), (-0.85, SIGN), (0.85, MINIMUM), (1.0, CLAMP_PRODUCT), (1.4, INVERTED)], scale=2)
+        [(-1.15, SIGN), (-0.85, SIGN), (0.85, MINIMUM), (1.0, CLAMP_PRODUCT), (1.0, NO_CLIPPED_TERM), (1.4, INVERTED)],
+        scale=2)
     assert clip_frac.item() == near(1 / 2, scale=1), explain(
         "clip_frac counts [-A * clamp(ratio) > -A * ratio]", clip_frac.item(), 1 / 2,
         [(1.0, "clip_frac counts tokens where the clipped term is active, not every ratio outside "
@@ -192,15 +196,16 @@ def test_policy_loss_stays_finite_for_extreme_log_probs(impl):
     loss, clip_frac, kl = impl.compute_policy_loss(new, old, adv, mask, 0.2)
     # ratios e^0.5 (A = 1) and e^-0.5 (A = -1): max(-e^0.5, -1.2) = -1.2 and max(e^-0.5, 0.8) = 0.8; the padded
     # position has ratio 1 and A = 50, so a mean over all three positions adds -50 (a mean over 3 that skips it: 0).
-    # The minimum of the terms: -e^0.5 + e^-0.5; the log-ratio clamped: -e^0.2 + e^-0.2; A * r clamped to
-    # [0.8, 1.2]: -1.2 + e^-0.5
+    # The minimum of the terms: -e^0.5 + e^-0.5, -A * r alone too; the log-ratio clamped: -e^0.2 + e^-0.2; A * r
+    # clamped to [0.8, 1.2]: -1.2 + e^-0.5
     division = ("exp(logprobs_new) / exp(logprobs_old) is 0 / 0 = NaN at log-probs this low (exp underflows to 0 in "
                 "float32 below -103): compute ratio = exp(logprobs_new - logprobs_old)")
     # |log p| ~ 110 in float32: the log-ratio is exact (both are multiples of 0.5), exp adds 2 ulps
     assert loss.item() == near(-0.2, scale=2), explain(
         "loss with log-probs near -110", loss.item(), -0.2,
         [(math.nan, division), ((-0.4 - 50) / 3, PADDED), (-0.4 / 3, EVERY_POSITION), (0.2, SIGN),
-         (-(math.exp(0.5) - math.exp(-0.5)) / 2, MINIMUM), ((-math.exp(0.2) + math.exp(-0.2)) / 2, CLAMP_LOG_RATIO),
+         (-(math.exp(0.5) - math.exp(-0.5)) / 2, MINIMUM), (-(math.exp(0.5) - math.exp(-0.5)) / 2, NO_CLIPPED_TERM),
+         ((-math.exp(0.2) + math.exp(-0.2)) / 2, CLAMP_LOG_RATIO),
          ((-1.2 + math.exp(-0.5)) / 2, CLAMP_PRODUCT)],
         scale=50)
     loss.backward()
@@ -232,7 +237,8 @@ def test_value_loss_hand_computed(impl):
         expected, [(2 * expected, HALF), (0.5 * 5.04 / 5, VALUE_MINIMUM), (0.5 * 5.25 / 5, NO_CLIP),
                    (0.5 * (1.89 / 3 + 2) / 2, ROW_MEANS)], scale=4)
     assert clip_frac.item() == near(1 / 5, scale=1), explain(
-        "clip_frac: 1 of 5 tokens has the clipped error strictly larger", clip_frac.item(), 1 / 5, [(4 / 5, VALUE_STRICT)])
+        "clip_frac: 1 of 5 tokens has the clipped error strictly larger", clip_frac.item(), 1 / 5,
+        [(4 / 5, VALUE_STRICT)])
 
 
 @pytest.mark.ex2
@@ -274,7 +280,8 @@ def test_value_loss_gradient_reaches_values_new_and_ignores_junk(impl):
     assert loss.requires_grad, "the loss carries no gradient to values_new; it must"
     loss.backward()
     assert v_new.grad[MASK].abs().sum() > 0, "the loss must carry a gradient to values_new"
-    assert (v_new.grad[~MASK] == 0).all(), "the gradient at padded positions must be exactly 0: padding reaches the loss"
+    assert (v_new.grad[~MASK] == 0).all(), \
+        "the gradient at padded positions must be exactly 0: padding reaches the loss"
     assert not clip_frac.requires_grad, "clip_frac carries a gradient; the contract says it carries none"
     dirty = impl.compute_value_loss(with_junk(v_new.detach(), MASK), with_junk(v_old, MASK, -9.0), with_junk(ret, MASK), MASK, 0.2)
     assert dirty[0].item() == loss.item() and dirty[1].item() == clip_frac.item(), \
@@ -661,7 +668,8 @@ def test_minibatch_update_passes_exercises_1_to_3_the_sliced_tempered_logits_and
         err = (got - want.double()[mask]).abs().max().item()
         named = {text for values, text in alternatives if (got - values.double()[mask]).abs().max().item()
                  <= 2 * U * k * scale}
-        assert err <= 2 * U * k * scale, f"{what}: largest error {err:.3g}" + (f". {named.pop()}" if len(named) == 1 else "")
+        assert err <= 2 * U * k * scale, \
+            f"{what}: largest error {err:.3g}" + (f". {named.pop()}" if len(named) == 1 else "")
 
     check("logprobs_new passed to compute_policy_loss: the log-softmax of logits[:, P-1 : P+T-1] / cfg.temperature "
           "gathered at response_ids, here logprobs_old (ratio 1)", policy_call["logprobs_new"], mb["logprobs_old"],
