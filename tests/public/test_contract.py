@@ -48,9 +48,24 @@ def explain(what, got, expected, mistakes=(), scale=1.0, roundings=32) -> str:
     """A failing value's message: what was expected and what came, then the mistake whose value on
     these inputs ``got`` is, if exactly one of ``mistakes`` ((value, text) pairs, worked out beside
     each test) is: a message names a mistake only where the number shows it."""
-    named = {text for value, text in mistakes if same(got, value, scale, roundings)}
-    line = f"{what}: expected {_fmt(expected)}, got {_fmt(got)}"
-    return f"{line}. {named.pop()}" if len(named) == 1 else line
+    return f"{what}: expected {_fmt(expected)}, got {_fmt(got)}" + \
+        the_one({text for value, text in mistakes if same(got, value, scale, roundings)})
+
+
+def assert_near(got, want, scale, what="the values", mistakes=(), roundings=32):
+    """Elementwise ``near``: any dtype of float32 or wider. ``mistakes``: (values, text) as in
+    ``explain``, the text given when ``got`` is those values instead."""
+    assert got.dtype in (torch.float32, torch.float64), f"dtype {got.dtype}: reduce in float32 or wider"
+    bound = 2 * U * roundings * float(scale)
+    got = got.detach().double()
+    err = (got - want.double()).abs().max().item()
+    assert err <= bound, f"{what}: largest error {err:.3g}" + \
+        the_one({text for values, text in mistakes if (got - values.double()).abs().max().item() <= bound})
+
+
+def the_one(texts: set) -> str:
+    """The text of the one mistake a value shows, or nothing where several (or none) show it."""
+    return f". {texts.pop()}" if len(texts) == 1 else ""
 
 
 def _fmt(x) -> str:
@@ -385,16 +400,6 @@ def test_entropy_ignores_junk_rows_in_padding(impl):
 
 # ---- exercise 4 ---------------------------------------------------------------------------
 
-def assert_near(got, want, scale, what="the values", mistakes=()):
-    """Elementwise ``near``: any dtype of float32 or wider. ``mistakes``: (values, text) as in
-    ``explain``, the text given when ``got`` is those values instead."""
-    assert got.dtype in (torch.float32, torch.float64), f"dtype {got.dtype}: reduce in float32 or wider"
-    bound = 2 * U * 32 * float(scale)
-    err = (got.double() - want.double()).abs().max().item()
-    named = {text for values, text in mistakes if (got.double() - values.double()).abs().max().item() <= bound}
-    assert err <= bound, f"{what}: largest error {err:.3g}" + (f". {named.pop()}" if len(named) == 1 else "")
-
-
 def raw_advantages(impl, final_rewards, kl, values, mask, gamma, lam):
     """Unwhitened advantages, recovered from the contract's returns = A + values. Returns built from
     the whitened advantages are said so here: every test of the raw ones would fail on them."""
@@ -663,13 +668,8 @@ def test_minibatch_update_passes_exercises_1_to_3_the_sliced_tempered_logits_and
     policy_call, value_call = stand_ins.last("compute_policy_loss"), stand_ins.last("compute_value_loss")
     entropy_call = stand_ins.last("compute_entropy_loss")
 
-    def check(what, got, want, alternatives, scale=1.0):
-        got = got.detach().double()[mask]
-        err = (got - want.double()[mask]).abs().max().item()
-        named = {text for values, text in alternatives if (got - values.double()[mask]).abs().max().item()
-                 <= 2 * U * k * scale}
-        assert err <= 2 * U * k * scale, \
-            f"{what}: largest error {err:.3g}" + (f". {named.pop()}" if len(named) == 1 else "")
+    def check(what, got, want, alternatives, scale=1.0):  # on real tokens, within k roundings
+        assert_near(got[mask], want[mask], scale, what, [(values[mask], text) for values, text in alternatives], k)
 
     check("logprobs_new passed to compute_policy_loss: the log-softmax of logits[:, P-1 : P+T-1] / cfg.temperature "
           "gathered at response_ids, here logprobs_old (ratio 1)", policy_call["logprobs_new"], mb["logprobs_old"],
@@ -684,9 +684,9 @@ def test_minibatch_update_passes_exercises_1_to_3_the_sliced_tempered_logits_and
     check("values_new passed to compute_value_loss: values[:, P-1 : P+T-1]", value_call["values_new"],
           sliced(policy, mb)[1], [(late[1], "your values slice is off by one: the value of response token t sits at "
                                             "P - 1 + t")], scale=mb["values_old"].abs().max().item())
-    for name, call, key in (("logprobs_old", policy_call, "logprobs_old"), ("advantages", policy_call, "advantages"),
-                            ("values_old", value_call, "values_old"), ("returns", value_call, "returns")):
-        assert torch.equal(call[key], mb[name]), f"{key} passed on is not the minibatch's {name}"
+    for call, key in ((policy_call, "logprobs_old"), (policy_call, "advantages"), (value_call, "values_old"),
+                      (value_call, "returns")):
+        assert torch.equal(call[key], mb[key]), f"{key} passed on is not the minibatch's {key}"
     assert (policy_call["clip_ratio"], value_call["clip_range_value"]) == (CFG.clip_ratio, CFG.clip_range_value), \
         "pass cfg.clip_ratio to exercise 1 and cfg.clip_range_value to exercise 2"
 
