@@ -1410,6 +1410,14 @@ WRONG_EVERYWHERE = Variant(
 ALL: list[Variant] = MUTANTS + ALTERNATIVES + ATTACKS + [WRONG_EVERYWHERE]
 
 
+# Cases found reported as another mistake, or not at all: a student's trial of the release (the public tests)
+# and public CS336 implementations through the grader. Each must be named in its channel, by no other message.
+REPORTED = {"policy_unmasked_mean": "public", "policy_clipfrac_ge": "public", "value_missing_half": "public",
+            "entropy_mean_of_row_means": "public", "gae_returns_from_whitened": "public",
+            "grpo_population_std": "public", "kl_exp_before_mask": "public",
+            "grpo_dr_divides_by_one_plus_eps": "grader", "agg_seq_mean_where_after_division": "grader"}
+
+
 def misled(v: Variant, message: str) -> list[str]:
     """The phrases of other mistakes that ``message`` holds when it does not name ``v``'s own (a
     message that names both, where a case cannot tell them apart, still leads to the right fix)."""
