@@ -64,16 +64,28 @@ class Case:
             lines.append("(real tokens generated with " + ", ".join(f"{k} = {v}" for k, v in self.notes.items()) + ")")
         return "\n".join(lines)
 
-    def without_empty_rows(self) -> "Case | None":
-        """The same case without its all-padding rows (a simpler counterexample), or None if it has
-        none. Every (B, ...) tensor loses those rows; the real tokens stay as they are."""
-        mask = self.mask
-        keep = mask.any(1)
-        if bool(keep.all()) or not bool(keep.any()):  # nothing to drop, or nothing would be left
-            return None
-        B = mask.shape[0]
+    @property
+    def rows(self) -> int:
+        """B, the number of responses."""
+        return self.mask.shape[0]
+
+    def without_row(self, b: int) -> "Case":
+        """The same case without row ``b`` (a candidate for a smaller counterexample): every (B, ...)
+        tensor loses it; the other rows stay as they are."""
+        B = self.rows
+        keep = torch.arange(B) != b
         tensors = {k: (t[keep] if t.dim() >= 1 and t.shape[0] == B else t) for k, t in self.tensors.items()}
         return Case(tensors, dict(self.scalars), dict(self.notes), self.raises)
+
+
+def two_real_tokens(case: Case) -> bool:
+    """The contract's one rule on every batch: at least two real tokens (``Check.fewer_rows``)."""
+    return case.n_real >= 2
+
+
+def with_empty_row(case: Case) -> bool:
+    """At least two real tokens, and a row with none: what an edge_cases check of empty rows draws."""
+    return two_real_tokens(case) and not bool(case.mask.any(1).all())
 
 
 def describe_tensor(name: str, t: torch.Tensor, mask: torch.Tensor | None = None) -> str:

@@ -88,6 +88,21 @@ class Limits:
     nproc: int
 
 
+def interpreter() -> str:
+    """The running Python's path, its folder resolved: sys.executable keeps the path it was started
+    by (``../venv/bin/python`` becomes ``/project/../venv/bin/python``), which the namespaces
+    sandbox's root cannot walk (the project's folder is not in it). The name stays as it is: a
+    venv's python is a link to the base interpreter, and Python finds its venv from the link's own
+    folder."""
+    path = Path(sys.executable)
+    return str(path.parent.resolve() / path.name)
+
+
+# The exit statuses of sh and setpriv when the program they were to run is not executable (126) or
+# not found (127).
+EXEC_FAILED = {126: "not executable", 127: "not found"}
+
+
 def _unshare_works() -> bool:
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("setpriv"):
         return False
@@ -279,6 +294,7 @@ class Sandbox:
             os.chown(scratch, self.uid, self.gid)
         elif strategy == "namespaces":  # scratch is a tmpfs of mode 1777 there
             self.uid, self.gid = worker_account(sandbox_user)
+        self.python = interpreter()
         self._owed = 0  # control replies not yet read (a preload runs while the grader works)
         self._hello = self._preloaded = False
         self._submissions = 0
@@ -298,7 +314,7 @@ class Sandbox:
 
     def _start_server(self, hide: list[Path], deny_network: bool) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        python = [sys.executable, "-E", "-s", "-m", "ppo_worker", "--control", str(theirs.fileno()),
+        python = [self.python, "-E", "-s", "-m", "ppo_worker", "--control", str(theirs.fileno()),
                   "--strategy", self.strategy, "--uid", str(self.uid), "--gid", str(self.gid),
                   "--memory-mb", str(self.limits.memory_mb), "--nproc", str(self.limits.nproc),
                   "--threads", str(self.limits.threads)] + (["--deny-network"] if deny_network else [])
@@ -308,10 +324,16 @@ class Sandbox:
                "PYTHONDONTWRITEBYTECODE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
         cmd = self._namespace_command(python) if self.strategy == "namespaces" else python
-        self.server = subprocess.Popen(cmd, cwd=self.stage, env=env, stdin=subprocess.DEVNULL,
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                       pass_fds=(theirs.fileno(),), start_new_session=True)
-        theirs.close()
+        try:
+            self.server = subprocess.Popen(cmd, cwd=self.stage, env=env, stdin=subprocess.DEVNULL,
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                           pass_fds=(theirs.fileno(),), start_new_session=True)
+        except OSError as err:  # the process and user strategies start the interpreter itself
+            ours.close()
+            shutil.rmtree(self.stage, ignore_errors=True)
+            raise GraderFailure(f"the sandbox could not execute {cmd[0]}: {err.strerror}") from None
+        finally:
+            theirs.close()
         self.control = ours
 
     def _await_hello(self) -> None:
@@ -347,9 +369,21 @@ class Sandbox:
         try:
             message, fds = protocol.receive_control(self.control, max_fds=0)
         except (EOFError, ConnectionError, protocol.ProtocolError) as err:
-            code = self.server.poll()
-            raise GraderFailure(f"{what}: the fork server stopped ({err}; exit status {code})") from None
+            try:  # its channel closed: it has exited, or is exiting
+                code = self.server.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            raise GraderFailure(f"{what}: the fork server stopped ({err}; exit status {code}){self._why(code)}") from None
         return message
+
+    def _why(self, code: int | None) -> str:
+        """What an exit status of the server's start says: 126 and 127 are the shell's and setpriv's
+        for a program that cannot be executed, and found."""
+        if code not in EXEC_FAILED:
+            return ""
+        where = " inside the sandbox's root, which shows only " + ", ".join(map(str, environment_paths())) \
+            if self.strategy == "namespaces" else ""
+        return f": the sandbox could not execute the Python interpreter {self.python} ({EXEC_FAILED[code]}{where})"
 
     def _request(self, message: dict, what: str, fds: tuple[int, ...] = ()) -> dict:
         self._await_hello()

@@ -57,7 +57,9 @@ class Variant:
     exercise: int  # 1..5: the only exercise that must lose points (mutants) / that misbehaves (attacks); 0: none / import time
     why: str  # the student mistake, the alternative idea or the attack, in one sentence
     edits: tuple[tuple[str, str], ...]  # (old, new) replacements on the solution source; each old occurs exactly once
-    hint: str = ""  # mutants: a keyword the grader's feedback should contain if it recognises the pattern
+    # mutants: the phrase that names this mistake. The grader's hint for it and the public tests' message
+    # for it contain it; no message that another mistake gets does (benchmarks/messages.py counts both).
+    hint: str = ""
 
 
 @functools.lru_cache(maxsize=None)
@@ -204,51 +206,51 @@ _POLICY_MUTANTS = [
         "policy_sign_flipped", 1,
         "Copies the paper's objective L^CLIP = min(A r, A clip(r)) and minimises it, so the loss has the wrong sign.",
         (_sub(E1_LOSS, "\n    loss = masked_mean(torch.minimum(advantages * ratio, advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)), response_mask)\n"),),
-        hint="sign",
+        hint="your loss has the opposite sign",
     ),
     Variant(
         "policy_missing_minus", 1,
         "Forgets the minus sign in front of the advantages in both surrogate terms but keeps the max.",
         (_sub(E1_UNCLIPPED, "\n    unclipped = advantages * ratio\n"),
          _sub(E1_CLIPPED, "\n    clipped = advantages * torch.clamp(ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)\n")),
-        hint="sign",
+        hint="your loss has the opposite sign",
     ),
     Variant(
         "policy_min_instead_of_max", 1,
         "Takes the elementwise minimum of the two (negated) surrogate terms: the optimistic instead of the pessimistic bound.",
         (_sub(E1_LOSS, "\n    loss = masked_mean(torch.minimum(unclipped, clipped), response_mask)\n"),),
-        hint="max",
+        hint="you take the minimum of the two",
     ),
     Variant(
         "policy_clamp_log_ratio", 1,
         "Clamps the log-ratio to [-eps, eps] and exponentiates, i.e. clips the ratio to [e^-eps, e^eps] instead of [1-eps, 1+eps].",
         (_sub(E1_CLIPPED, "\n    clipped = -advantages * torch.exp(torch.clamp(log_ratio, -clip_ratio, clip_ratio))\n"),),
-        hint="clamp",
+        hint="not the log-ratio",
     ),
     Variant(
         "policy_clamp_product", 1,
         "Clamps the product A * ratio to [1-eps, 1+eps] instead of clamping the ratio alone.",
         (_sub(E1_CLIPPED, "\n    clipped = -torch.clamp(advantages * ratio, 1.0 - clip_ratio, 1.0 + clip_ratio)\n"),),
-        hint="clamp",
+        hint="you clamp A * ratio",
     ),
     Variant(
         "policy_ratio_inverted", 1,
         "Computes the ratio as exp(old - new), the inverse of the importance ratio (and so also flips approx_kl).",
         (_sub(E1_LOG_RATIO, "\n    log_ratio = logprobs_old - logprobs_new\n"),),
-        hint="ratio",
+        hint="ratio is inverted",
     ),
     Variant(
         "policy_ratio_by_division", 1,
         "Computes ratio = exp(new) / exp(old), the division hint 1.1 forbids: below a log-prob of about -104 "
         "both exps are 0 in float32, so padding junk of -300 gives 0 / 0 = NaN and a NaN gradient there.",
         (_sub("\n    ratio = torch.exp(log_ratio)\n", "\n    ratio = torch.exp(logprobs_new) / torch.exp(logprobs_old)\n"),),
-        hint="0 / 0",
+        hint="exp(logprobs_new) / exp(logprobs_old)",
     ),
     Variant(
         "policy_unmasked_mean", 1,
         "Averages the per-token loss with a plain .mean() over all B*T positions, padding included.",
         (_sub(E1_LOSS, "\n    loss = torch.maximum(unclipped, clipped).mean()\n"),),
-        hint="mask",
+        hint="includes padded positions",
     ),
     Variant(
         "policy_mean_of_row_means", 1,
@@ -256,49 +258,49 @@ _POLICY_MUTANTS = [
         (_sub(E1_LOSS, "\n    _m = response_mask.bool()\n"
                        "    _per_tok = torch.where(_m, torch.maximum(unclipped, clipped), 0.0)\n"
                        "    loss = (_per_tok.sum(dim=-1) / _m.sum(dim=-1).clamp(min=1)).mean()\n"),),
-        hint="token-mean",
+        hint="you average per-row means",
     ),
     Variant(
         "policy_clipfrac_cleanrl", 1,
         "Uses CleanRL's clip fraction |ratio - 1| > eps, which also counts tokens whose unclipped term is the active one.",
         (_sub(E1_CLIP_FRAC, "\n        clip_frac = masked_mean(((ratio - 1.0).abs() > clip_ratio).to(reduction_dtype(ratio.dtype)), response_mask)\n"),),
-        hint="clip",
+        hint="not every ratio outside",
     ),
     Variant(
         "policy_clipfrac_unclipped_active", 1,
         "Flags a token as clipped where the unclipped term is the active (larger) one: the comparison the wrong way round.",
         (_sub(E1_CLIP_FRAC, "\n        clip_frac = masked_mean((unclipped > clipped).to(reduction_dtype(ratio.dtype)), response_mask)\n"),),
-        hint="the unclipped one",
+        hint="where the unclipped one is",
     ),
     Variant(
         "policy_clipfrac_ge", 1,
         "Counts the clipped term as active with >= instead of strict >, so every token inside the trust region counts as clipped.",
         (_sub(E1_CLIP_FRAC, "\n        clip_frac = masked_mean((clipped >= unclipped).to(reduction_dtype(ratio.dtype)), response_mask)\n"),),
-        hint=">",
+        hint="use a strict >",
     ),
     Variant(
         "policy_kl_sign_flipped", 1,
         "Reports approx_kl as the token-mean of new - old instead of old - new.",
         (_sub(E1_KL, "\n        approx_kl = masked_mean(log_ratio, response_mask)\n"),),
-        hint="approx_kl",
+        hint="yours is token-mean(logprobs_new - logprobs_old)",
     ),
     Variant(
         "policy_kl_k3", 1,
         "Reports approx_kl with the k3 estimator (ratio - 1) - log ratio instead of the contract's k1 estimator.",
         (_sub(E1_KL, "\n        approx_kl = masked_mean((ratio - 1.0) - log_ratio, response_mask)\n"),),
-        hint="approx_kl",
+        hint="not k3",
     ),
     Variant(
         "policy_metrics_not_detached", 1,
         "Computes the metrics outside torch.no_grad(), so approx_kl carries a gradient (keeps the graph alive).",
         (_sub(E1_NO_GRAD, "\n    if True:\n        clip_frac = masked_mean((clipped > unclipped)"),),
-        hint="detach",
+        hint="carries a gradient; the contract says",
     ),
     Variant(
         "policy_loss_detached", 1,
         "Detaches the loss (e.g. computes everything under no_grad), so no gradient reaches logprobs_new.",
         (_sub(E1_LOSS, "\n    loss = masked_mean(torch.maximum(unclipped, clipped), response_mask).detach()\n"),),
-        hint="gradient",
+        hint="carries no gradient to",
     ),
 ]
 
@@ -307,50 +309,50 @@ _VALUE_MUTANTS = [
         "value_missing_half", 2,
         "Forgets the factor 0.5 in front of the value loss.",
         (_sub(E2_LOSS, "\n    loss = masked_mean(torch.maximum(err_unclipped, err_clipped), response_mask)\n"),),
-        hint="0.5",
+        hint="factor 0.5",
     ),
     Variant(
         "value_clips_returns", 2,
         "Clips the returns around values_old (and regresses values_new onto them) instead of clipping values_new.",
         (_sub(E2_V_CLIP, "\n    v_clip = values_old + torch.clamp(returns - values_old, -clip_range_value, clip_range_value)\n"),
          _sub(E2_ERR_CLIPPED, "\n    err_clipped = (values_new - v_clip) ** 2\n")),
-        hint="values_old",
+        hint="you clip the returns",
     ),
     Variant(
         "value_clip_absolute", 2,
         "Clips values_new itself to [-c, c] instead of clipping its change relative to values_old.",
         (_sub(E2_V_CLIP, "\n    v_clip = torch.clamp(values_new, -clip_range_value, clip_range_value)\n"),),
-        hint="values_old",
+        hint="you clip values_new itself",
     ),
     Variant(
         "value_min_instead_of_max", 2,
         "Takes the elementwise minimum of the two squared errors instead of the maximum.",
         (_sub(E2_LOSS, "\n    loss = 0.5 * masked_mean(torch.minimum(err_unclipped, err_clipped), response_mask)\n"),),
-        hint="max",
+        hint="you take the minimum of the two",
     ),
     Variant(
         "value_no_clipping", 2,
         "Ignores value clipping altogether: plain 0.5 * masked MSE.",
         (_sub(E2_LOSS, "\n    loss = 0.5 * masked_mean(err_unclipped, response_mask)\n"),),
-        hint="clip",
+        hint="ignores the clipped term",
     ),
     Variant(
         "value_clipfrac_swapped", 2,
         "Swaps the clip-fraction comparison: counts tokens where the unclipped error is the larger.",
         (_sub(E2_CLIP_FRAC_CMP, "(err_unclipped > err_clipped)"),),
-        hint="clip",
+        hint="where the unclipped one is",
     ),
     Variant(
         "value_clipfrac_ge", 2,
         "Counts the clipped error as active with >= instead of strict >, so unclipped tokens (equal errors) count too.",
         (_sub(E2_CLIP_FRAC_CMP, "(err_clipped >= err_unclipped)"),),
-        hint=">",
+        hint="use a strict >",
     ),
     Variant(
         "value_unmasked_mean", 2,
         "Averages the squared errors with a plain .mean() over all positions, padding included.",
         (_sub(E2_LOSS, "\n    loss = 0.5 * torch.maximum(err_unclipped, err_clipped).mean()\n"),),
-        hint="mask",
+        hint="includes padded positions",
     ),
 ]
 
@@ -359,43 +361,51 @@ _ENTROPY_MUTANTS = [
         "entropy_naive_log_softmax", 3,
         "Computes -sum(p * log p) with log(softmax(z)): softmax underflows to 0 for extreme logits and 0 * log 0 is NaN (fine for moderate logits).",
         (_sub(E3_ENTROPY, "\n    p = torch.softmax(z, dim=-1)\n    entropy = -(p * torch.log(p)).sum(dim=-1)  # (B, T)\n"),),
-        hint="stable",
+        hint="log(softmax(z)) underflows",
     ),
     Variant(
         "entropy_sign_flipped", 3,
         "Returns +H (the entropy) instead of the loss -H.",
         (_sub(E3_RETURN, "\n    return masked_mean(entropy, response_mask)\n"),),
-        hint="sign",
+        hint="your entropy loss has the opposite sign",
     ),
     Variant(
         "entropy_unmasked", 3,
         "Averages the entropy over all B*T positions with .mean(), padding included.",
         (_sub(E3_RETURN, "\n    return -entropy.mean()\n"),),
-        hint="mask",
+        hint="includes padded positions",
     ),
     Variant(
         "entropy_mean_over_all_positions", 3,
         "Zeroes the padding with (entropy * mask) and takes .mean(): divides by all B*T positions, not the real tokens.",
         (_sub(E3_RETURN, "\n    return -(entropy * response_mask).mean()\n"),),
-        hint="B * T",
+        hint="divide by every position",
     ),
     Variant(
         "entropy_softmax_wrong_dim", 3,
         "Takes the softmax over the sequence dimension (dim=1) instead of the vocabulary.",
         (_sub(E3_ENTROPY, "\n    entropy = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=1) * z).sum(dim=-1)  # (B, T)\n"),),
-        hint="dim",
+        hint="softmax over the vocabulary",
     ),
     Variant(
         "entropy_mean_over_vocab", 3,
         "Averages p * z over the vocabulary (mean) instead of summing it.",
         (_sub(E3_ENTROPY, "\n    entropy = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).mean(dim=-1)  # (B, T)\n"),),
-        hint="sum",
+        hint="sum p * z over the vocabulary",
+    ),
+    Variant(
+        "entropy_mean_of_row_means", 3,
+        "Averages per-response mean entropies (every response weighs the same) instead of the token-mean.",
+        (_sub(E3_RETURN, "\n    _m = response_mask.bool()\n"
+                         "    _per_row = torch.where(_m, entropy, 0.0).sum(dim=-1) / _m.sum(dim=-1).clamp(min=1)\n"
+                         "    return -_per_row[_m.any(dim=-1)].mean()\n"),),
+        hint="you average per-row means",
     ),
     Variant(
         "entropy_no_upcast", 3,
         "Computes the entropy in the input dtype: with bfloat16 logits the cancellation logsumexp - sum(p z) loses most digits.",
         (_sub(E3_Z, "\n    z = logits\n"),),
-        hint="float32",
+        hint="upcast the logits to float32",
     ),
 ]
 
@@ -404,25 +414,25 @@ _GAE_MUTANTS = [
         "gae_reward_at_last_position", 4,
         "Adds the final reward at index T-1 (the last padded position) instead of the last real token L_b - 1.",
         (_sub(E4_FINAL, "\n        rewards[:, -1] += final_rewards.to(dtype)\n"),),
-        hint="last real token",
+        hint="goes at each row's last real token",
     ),
     Variant(
         "gae_reward_at_first_token", 4,
         "Adds the final reward at the first response token instead of the last real one.",
         (_sub(E4_FINAL, "\n        rewards[rows, 0] += final_rewards.to(dtype)[rows]\n"),),
-        hint="last real token",
+        hint="goes at each row's last real token",
     ),
     Variant(
         "gae_reward_overwrites_kl", 4,
         "Assigns the final reward at the last real token (=) instead of adding it, dropping that token's KL penalty.",
         (_sub(E4_FINAL, "\n        rewards[rows, lengths[rows] - 1] = final_rewards.to(dtype)[rows]\n"),),
-        hint="kl",
+        hint="yours overwrites",
     ),
     Variant(
         "gae_forward_loop", 4,
         "Runs the recursion forwards (t = 0..T-1), so A_t is built from A_{t-1} instead of A_{t+1}.",
         (_sub(E4_LOOP, "\n        for t in range(T):\n"),),
-        hint="runs forward",
+        hint="your loop runs forward",
     ),
     Variant(
         "gae_final_reward_scatter", 4,
@@ -434,7 +444,7 @@ _GAE_MUTANTS = [
         "gae_loop_skips_last", 4,
         "Loops over reversed(range(T - 1)), so the last position T - 1 is never computed and A_{T-1} stays 0.",
         (_sub(E4_LOOP, "\n        for t in reversed(range(T - 1)):\n"),),
-        hint="T - 1",
+        hint="never computes the last position",
     ),
     Variant(
         "gae_no_next_mask", 4,
@@ -442,7 +452,7 @@ _GAE_MUTANTS = [
         (_sub(E4_VALUES, "\n        values = values.to(dtype)\n"),
          _sub(E4_DELTA, "\n            delta = rewards[:, t] + gamma * next_value - values[:, t]\n"),
          _sub(E4_ADV, "\n            next_advantage = delta + gamma * lam * next_advantage\n")),
-        hint="mask",
+        hint="the next position's mask",
     ),
     Variant(
         "gae_returns_from_whitened", 4,
@@ -450,7 +460,7 @@ _GAE_MUTANTS = [
         (_sub(E4_RETURN, "\n        advantages = masked_whiten(advantages, mask)\n"
                          "        returns = advantages + values\n"
                          "        return advantages, returns\n"),),
-        hint="whiten",
+        hint="from the unwhitened advantages",
     ),
     Variant(
         "gae_whiten_biased_variance", 4,
@@ -459,7 +469,7 @@ _GAE_MUTANTS = [
                          "        mean = masked_mean(advantages, mask)\n"
                          "        var = masked_mean((advantages - mean) ** 2, mask)\n"
                          "        return (advantages - mean) * torch.rsqrt(var + 1e-8), returns\n"),),
-        hint="n - 1",
+        hint="divide by n (the population",
     ),
     Variant(
         "gae_whiten_no_mean_shift", 4,
@@ -469,38 +479,38 @@ _GAE_MUTANTS = [
                          "        n = mask.sum()\n"
                          "        var = masked_mean((advantages - mean) ** 2, mask) * n / (n - 1)\n"
                          "        return advantages * torch.rsqrt(var + 1e-8), returns\n"),),
-        hint="mean",
+        hint="subtract the mean before",
     ),
     Variant(
         "gae_no_whitening", 4,
         "Returns the raw advantages, never whitened.",
         (_sub(E4_RETURN, "\n        returns = advantages + values\n        return advantages, returns\n"),),
-        hint="whiten",
+        hint="must be whitened",
     ),
     Variant(
         "gae_whiten_all_positions", 4,
         "Whitens with the plain mean and std over all B*T positions, padding included.",
         (_sub(E4_RETURN, "\n        returns = advantages + values\n"
                          "        return (advantages - advantages.mean()) / (advantages.std() + 1e-8), returns\n"),),
-        hint="mask",
+        hint="count the padded positions too",
     ),
     Variant(
         "gae_gamma_lam_swapped", 4,
         "Discounts the bootstrap value with lam instead of gamma in the TD error.",
         (_sub(E4_DELTA, "\n            delta = rewards[:, t] + lam * next_value * next_mask - values[:, t]\n"),),
-        hint="gamma",
+        hint="gamma and lam are swapped",
     ),
     Variant(
         "gae_missing_gamma_in_trace", 4,
         "Decays the advantage trace by lam only instead of gamma * lam.",
         (_sub(E4_ADV, "\n            next_advantage = delta + lam * next_mask * next_advantage\n"),),
-        hint="gamma",
+        hint="decays by gamma * lam",
     ),
     Variant(
         "gae_kl_sign_flipped", 4,
         "Adds the KL penalty to the token rewards instead of subtracting it.",
         (_sub(E4_REWARDS, "\n        rewards = torch.where(mask, kl_penalties.to(dtype), 0.0)  # (B, T)\n"),),
-        hint="kl",
+        hint="the token reward is -kl_penalties",
     ),
 ]
 
@@ -510,51 +520,51 @@ _UPDATE_MUTANTS = [
         "Slices [P : P+T] instead of [P-1 : P+T-1], so each position scores the token after its own.",
         (_sub(E5_LOGITS, "\n    logits = logits[:, P : P + T] / cfg.temperature  # (B, T, V)\n"),
          _sub(E5_VALUES, "\n    values_new = values[:, P : P + T]  # (B, T)\n")),
-        hint="slice",
+        hint="slice is off by one",
     ),
     Variant(
         "update_values_slice_off_by_one", 5,
         "Slices the logits right but the values at [P : P+T], one position late.",
         (_sub(E5_VALUES, "\n    values_new = values[:, P : P + T]  # (B, T)\n"),),
-        hint="slice",
+        hint="slice is off by one",
     ),
     Variant(
         "update_no_temperature", 5,
         "Forgets to divide the logits by the sampling temperature.",
         (_sub(E5_LOGITS, "\n    logits = logits[:, P - 1 : P + T - 1]  # (B, T, V)\n"),),
-        hint="temperature",
+        hint="divide the sliced logits by cfg.temperature",
     ),
     Variant(
         "update_temperature_multiplied", 5,
         "Multiplies the logits by the temperature instead of dividing.",
         (_sub(E5_LOGITS, "\n    logits = logits[:, P - 1 : P + T - 1] * cfg.temperature  # (B, T, V)\n"),),
-        hint="temperature",
+        hint="multiply the logits by cfg.temperature",
     ),
     Variant(
         "update_temperature_twice", 5,
         "Divides by the temperature twice: once after slicing and again inside the log-prob computation.",
         (_sub(E5_LOGPROBS, "\n    logprobs_new = logprobs_from_logits(logits / cfg.temperature, response_ids)  # (B, T)\n"),),
-        hint="temperature",
+        hint="by cfg.temperature twice",
     ),
     Variant(
         "update_entropy_unscaled_logits", 5,
         "Computes the entropy on the logits before the temperature division.",
         (_sub(E5_LOGITS, "\n    raw_logits = logits[:, P - 1 : P + T - 1]\n    logits = raw_logits / cfg.temperature  # (B, T, V)\n"),
          _sub(E5_ENTROPY, "\n    entropy_loss = compute_entropy_loss(raw_logits, response_mask)\n")),
-        hint="temperature",
+        hint="the entropy takes the same",
     ),
     Variant(
         "update_no_accum_division", 5,
         "Calls loss.backward() without dividing by grad_accum_steps, so accumulated gradients sum instead of average.",
         (_sub(E5_BACKWARD, "\n    loss.backward()\n"),),
-        hint="grad_accum_steps",
+        hint="divide the loss by cfg.grad_accum_steps",
     ),
     Variant(
         "update_zero_grad_first", 5,
         "Calls optimizer.zero_grad() at the start of every minibatch, the supervised-learning habit: gradient "
         "accumulation then keeps only the last minibatch of each cycle.",
         (_prepend_region(5, "    optimizer.zero_grad()\n"),),
-        hint="zero",
+        hint="at the start of every call",
     ),
     Variant(
         "update_zero_grad_before_step", 5,
@@ -567,7 +577,7 @@ _UPDATE_MUTANTS = [
             optimizer.step()
         metrics["stats/grad_norm"] = grad_norm.item()
 """),),
-        hint="zero_grad",
+        hint="before clipping and stepping",
     ),
     Variant(
         "update_never_zero_grad", 5,
@@ -579,7 +589,7 @@ _UPDATE_MUTANTS = [
             optimizer.step()
         metrics["stats/grad_norm"] = grad_norm.item()
 """),),
-        hint="zero_grad",
+        hint="zero_grad() after optimizer.step()",
     ),
     Variant(
         "update_no_grad_clipping", 5,
@@ -592,7 +602,7 @@ _UPDATE_MUTANTS = [
         optimizer.zero_grad()
         metrics["stats/grad_norm"] = grad_norm.item()
 """),),
-        hint="clip",
+        hint="clip the gradient norm",
     ),
     Variant(
         "update_clip_after_step", 5,
@@ -604,7 +614,7 @@ _UPDATE_MUTANTS = [
         optimizer.zero_grad()
         metrics["stats/grad_norm"] = grad_norm.item()
 """),),
-        hint="clip",
+        hint="clip the gradient norm",
     ),
     Variant(
         "update_steps_on_nonfinite", 5,
@@ -616,38 +626,38 @@ _UPDATE_MUTANTS = [
         optimizer.zero_grad()
         metrics["stats/grad_norm"] = grad_norm.item()
 """),),
-        hint="finite",
+        hint="step only if grad_norm is finite",
     ),
     Variant(
         "update_ignores_step_flag", 5,
         "Steps the optimizer on every minibatch, ignoring step_optimizer (no gradient accumulation).",
         (_sub(E5_STEP, E5_STEP.replace("    if step_optimizer:\n", "    if True:\n")),),
-        hint="step_optimizer",
+        hint="only when step_optimizer",
     ),
     Variant(
         "update_missing_vf_coeff", 5,
         "Adds the value loss without multiplying by cfg.vf_coeff.",
         (_sub(E5_LOSS, "\n    loss = policy_loss + value_loss + cfg.entropy_coeff * entropy_loss\n"),),
-        hint="vf_coeff",
+        hint="by cfg.vf_coeff",
     ),
     Variant(
         "update_entropy_coeff_sign", 5,
         "Subtracts cfg.entropy_coeff * entropy_loss (the entropy loss is already -H), so minimising lowers entropy.",
         (_sub(E5_LOSS, "\n    loss = policy_loss + cfg.vf_coeff * value_loss - cfg.entropy_coeff * entropy_loss\n"),),
-        hint="entropy_coeff",
+        hint="yours subtracts it",
     ),
     Variant(
         "update_backward_policy_only", 5,
         "Calls backward on the policy loss alone, so the value head and the entropy bonus never get gradients.",
         (_sub(E5_BACKWARD, "\n    (policy_loss / cfg.grad_accum_steps).backward()\n"),),
-        hint="backward",
+        hint="backward() the total loss",
     ),
     Variant(
         "update_metrics_tensors", 5,
         "Returns the metrics as detached tensors instead of Python floats.",
         (_sub(E5_METRICS, E5_METRICS.replace(".item()", ".detach()")),
          _sub('\n        metrics["stats/grad_norm"] = grad_norm.item()\n', '\n        metrics["stats/grad_norm"] = grad_norm.detach()\n')),
-        hint="float",
+        hint="is a Python float",
     ),
 ]
 
@@ -1400,6 +1410,22 @@ WRONG_EVERYWHERE = Variant(
 ALL: list[Variant] = MUTANTS + ALTERNATIVES + ATTACKS + [WRONG_EVERYWHERE]
 
 
+# Cases found reported as another mistake, or not at all: a student's trial of the release (the public tests)
+# and public CS336 implementations through the grader. Each must be named in its channel, by no other message.
+REPORTED = {"policy_unmasked_mean": "public", "policy_clipfrac_ge": "public", "value_missing_half": "public",
+            "entropy_mean_of_row_means": "public", "gae_returns_from_whitened": "public",
+            "grpo_population_std": "public", "kl_exp_before_mask": "public",
+            "grpo_dr_divides_by_one_plus_eps": "grader", "agg_seq_mean_where_after_division": "grader"}
+
+
+def misled(v: Variant, message: str) -> list[str]:
+    """The phrases of other mistakes that ``message`` holds when it does not name ``v``'s own (a
+    message that names both, where a case cannot tell them apart, still leads to the right fix)."""
+    if v.hint and v.hint in message:
+        return []
+    return sorted({w.hint for w in MUTANTS + PART2_MUTANTS if w.hint and w.hint != v.hint and w.hint in message})
+
+
 def by_name(name: str) -> Variant:
     """The variant called ``name`` (Part I's or Part II's)."""
     for v in ALL + PART2_MUTANTS + PART2_ALTERNATIVES:
@@ -1419,6 +1445,7 @@ E6_CENTRE = "\n        scores = r - mean[group]  # (B,); exactly 0 in a group of
 E6_FLAG = "\n        if norm_by_std:\n"
 E7_SEQ = "\n        return (x.sum(dim=-1)[rows] / lengths[rows]).mean()\n"
 E7_NORM = "\n        return x.sum() / (x.shape[0] * max_response_length)\n"
+E8_LOG_RATIO = "\n    log_ratio = torch.where(mask, ref_logprobs.to(dtype) - logprobs.to(dtype), 0.0)  # (B, T)\n"
 E8_K1 = "\n        kl = -log_ratio\n"
 E8_K2 = "\n        kl = 0.5 * log_ratio ** 2\n"
 E8_K3 = "\n        kl = torch.exp(log_ratio) - 1.0 - log_ratio\n"
@@ -1429,43 +1456,53 @@ E8_UNKNOWN = "\n    else:\n        raise ValueError(f\"unknown kl_estimator {kl_
 PART2_MUTANTS: list[Variant] = [
     Variant("grpo_batch_std", 6, "Divides by torch.std of the whole batch instead of the group's (NaN for a batch "
             "of one response).", (_sub(E6_DIVIDE, "\n            scores = scores / (torch.std(r) + eps)\n"),),
-            hint="per group"),
+            hint="not over the whole batch"),
     Variant("grpo_eps_inside_sqrt", 6, "Divides by sqrt(var + eps) instead of std + eps.",
             (_sub(E6_DIVIDE, "\n            scores = scores / torch.sqrt(std[group] ** 2 + eps)\n"),),
             hint="outside the square root"),
     Variant("grpo_dr_divides_by_one_plus_eps", 6, "Dr. GRPO mode divides the centred reward by 1 + eps (a std of 1).",
             (_sub(E6_DIVIDE, "\n            scores = scores / (std[group] + eps)\n        else:\n"
-                             "            scores = scores / (1.0 + eps)\n"),)),
+                             "            scores = scores / (1.0 + eps)\n"),), hint="yours divides by 1 + eps"),
     Variant("grpo_population_std", 6, "Takes the population std (divides by n) instead of the sample std (n - 1).",
-            (_sub(E6_STD, "\n            std = torch.sqrt(squares / count)  # (G,)\n"),), hint="Bessel"),
+            (_sub(E6_STD, "\n            std = torch.sqrt(squares / count)  # (G,)\n"),), hint="divide by n (the population"),
     Variant("grpo_batch_mean", 6, "Subtracts the mean of the whole batch instead of the group's.",
-            (_sub(E6_CENTRE, "\n        scores = r - r.mean()\n"),), hint="per group"),
+            (_sub(E6_CENTRE, "\n        scores = r - r.mean()\n"),), hint="not over the whole batch"),
     Variant("grpo_ignores_norm_flag", 6, "Divides by the std in Dr. GRPO mode too.",
-            (_sub(E6_FLAG, "\n        if True:\n"),), hint="Dr. GRPO"),
+            (_sub(E6_FLAG, "\n        if True:\n"),), hint="(Dr. GRPO) the advantage is r - mean alone"),
     Variant("grpo_torch_std_singleton_nan", 6,
             "Loops over groups with torch.std and forgets that a group of one gives NaN.",
             (_sub(E6_STD, "\n            std = torch.stack([torch.std(r[group == g]) for g in range(G)])  # (G,)\n"),),
-            hint="group of one"),
+            hint="a group of one response gives NaN"),
     Variant("agg_sum_norm_own_length", 7, "Dr. GRPO mode divides each response by its own length (GRPO's length bias).",
             (_sub(E7_NORM, "\n        lengths = mask.sum(dim=-1)\n        rows = lengths > 0\n"
                            "        return (x.sum(dim=-1)[rows] / lengths[rows]).mean()\n"),), hint="own length"),
     Variant("agg_sum_norm_by_padded_width", 7, "Dr. GRPO mode divides by T, the padded width, not the budget.",
             (_sub(E7_NORM, "\n        return x.sum() / (x.shape[0] * x.shape[1])\n"),), hint="padded width"),
     Variant("agg_sum_norm_no_batch", 7, "Dr. GRPO mode divides by the budget alone (verl's form), not by B * budget.",
-            (_sub(E7_NORM, "\n        return x.sum() / max_response_length\n"),), hint="B * max_response_length"),
+            (_sub(E7_NORM, "\n        return x.sum() / max_response_length\n"),), hint="the mean over the B responses stays"),
     Variant("agg_unknown_mode_falls_back", 7, "An unknown loss_agg_mode silently falls back to token-mean.",
-            (_sub(E7_UNKNOWN, "\n    return x.sum() / mask.sum()\n"),), hint="ValueError"),
+            (_sub(E7_UNKNOWN, "\n    return x.sum() / mask.sum()\n"),), hint="is none of the three modes"),
+    Variant("agg_seq_mean_where_after_division", 7, "GRPO mode takes each row's masked mean as (loss * mask).sum / "
+            "mask.sum, then selects the non-empty rows with torch.where: an empty row's 0 / 0 is selected away, "
+            "its NaN gradient is not (the mask multiplies it: NaN * 0).",
+            (_sub(E7_SEQ, "\n        per_row = (loss_mat.to(x.dtype) * mask).sum(dim=-1) / lengths  # (B,)\n"
+                          "        return torch.where(rows, per_row, 0.0).sum() / rows.sum()\n"),),
+            hint="an empty row's count of real tokens is 0"),
     Variant("agg_seq_mean_counts_empty_rows", 7, "GRPO mode counts empty responses in the mean over responses.",
-            (_sub(E7_SEQ, "\n        return (x.sum(dim=-1) / lengths.clamp(min=1)).mean()\n"),), hint="no real token"),
+            (_sub(E7_SEQ, "\n        return (x.sum(dim=-1) / lengths.clamp(min=1)).mean()\n"),), hint="has no mean: leave it out"),
     Variant("kl_unknown_estimator_falls_back", 8, "An unknown kl_estimator silently falls back to k3.",
-            (_sub(E8_UNKNOWN, "\n    else:\n        kl = torch.exp(log_ratio) - 1.0 - log_ratio\n"),), hint="ValueError"),
+            (_sub(E8_UNKNOWN, "\n    else:\n        kl = torch.exp(log_ratio) - 1.0 - log_ratio\n"),), hint="is none of k1, k2 and k3"),
+    Variant("kl_exp_before_mask", 8, "Takes exp of the log-ratio on every position and zeroes the padding afterwards: "
+            "in float32 exp overflows on junk log-probs of -300, and the NaN gradient flows back through the select.",
+            (_sub(E8_LOG_RATIO, "\n    log_ratio = ref_logprobs.to(dtype) - logprobs.to(dtype)  # (B, T)\n"),),
+            hint="overflows float32 on the padding junk"),
     Variant("kl_k3_clamped", 8, "Clamps k3 to [-10, 10], as verl does: k3 and its gradient are wrong past the clamp.",
             (_sub(E8_K3, "\n        kl = torch.clamp(torch.exp(log_ratio) - 1.0 - log_ratio, min=-10.0, max=10.0)\n"),),
-            hint="clamp"),
+            hint="k3 has no clamp"),
     Variant("kl_k3_ratio_flipped", 8, "k3 with the ratio the wrong way up: exp(logprobs - ref) - 1 - (logprobs - ref).",
             (_sub(E8_K3, "\n        kl = torch.exp(-log_ratio) - 1.0 + log_ratio\n"),), hint="other way up"),
-    Variant("kl_k1_sign", 8, "k1 as ref_logprobs - logprobs.", (_sub(E8_K1, "\n        kl = log_ratio\n"),), hint="sign"),
-    Variant("kl_k2_no_half", 8, "k2 without the factor 1/2.", (_sub(E8_K2, "\n        kl = log_ratio ** 2\n"),), hint="half"),
+    Variant("kl_k1_sign", 8, "k1 as ref_logprobs - logprobs.", (_sub(E8_K1, "\n        kl = log_ratio\n"),), hint="the sign is flipped"),
+    Variant("kl_k2_no_half", 8, "k2 without the factor 1/2.", (_sub(E8_K2, "\n        kl = log_ratio ** 2\n"),), hint="half the squared log-ratio"),
     Variant("kl_k3_no_minus_one", 8, "k3 without the - 1.", (_sub(E8_K3, "\n        kl = torch.exp(log_ratio) - log_ratio\n"),),
             hint="subtract the 1"),
 ]

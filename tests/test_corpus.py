@@ -437,18 +437,31 @@ def test_solution_agrees_with_itself(loaded, solution_results):
 # ----------------------------------------------------------------------------------------------
 
 _PUBLIC_DRIVER = """
-import sys, pytest
-outcomes = []
+import json, sys, pytest
+
+class Failures:
+    def __init__(self):
+        self.messages = []
+    def pytest_runtest_logreport(self, report):
+        if report.failed:
+            crash = getattr(report.longrepr, "reprcrash", None)
+            self.messages.append(crash.message if crash else str(report.longrepr))
+
+found = {}
 for path in sys.argv[1:]:
-    code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", "--no-header", "-o", "addopts=",
-                        "tests/public", "--impl", path], plugins=[])
-    outcomes.append(f"{path}={int(code)}")
-print("OUTCOMES " + " ".join(outcomes))
+    failures = Failures()
+    pytest.main(["-q", "-p", "no:cacheprovider", "--no-header", "-o", "addopts=", "tests/public", "--impl", path],
+                plugins=[failures])
+    found[path] = failures.messages
+print("MESSAGES " + json.dumps(found))
 """
 
-
 @pytest.mark.slow
-def test_public_tests_fail_every_mutant_and_pass_every_correct_file(tmp_path):
+def test_public_tests_fail_every_mutant_and_pass_every_correct_file_and_name_no_other_mistake(tmp_path):
+    """The public tests fail every mutant and pass every correct file; no failure message names
+    another mistake than the mutant's (corpus.misled), and the cases reported in them
+    (corpus.REPORTED) are named by their own phrase."""
+    import json
     import subprocess
 
     files = {}
@@ -460,12 +473,16 @@ def test_public_tests_fail_every_mutant_and_pass_every_correct_file(tmp_path):
         files[path.stem] = path
     proc = subprocess.run([sys.executable, "-c", _PUBLIC_DRIVER, *map(str, files.values())], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
-    outcome = dict(item.rsplit("=", 1) for item in proc.stdout.split("OUTCOMES ")[-1].split())
-    code = {name: outcome[str(path)] for name, path in files.items()}
-    passed_mutants = [v.name for v in mutants if code[v.name] == "0"]
-    failed_correct = [n for n in code if n not in {v.name for v in mutants} and code[n] != "0"]
-    assert not passed_mutants, f"the public tests miss {passed_mutants}"
-    assert not failed_correct, f"the public tests reject correct files {failed_correct}"
+    found = json.loads(proc.stdout.split("MESSAGES ")[-1])
+    messages = {name: found[str(path)] for name, path in files.items()}
+    assert not [v.name for v in mutants if not messages[v.name]], "the public tests miss these mutants"
+    assert not [n for n in messages if n not in {v.name for v in mutants} and messages[n]], \
+        "the public tests reject correct files"
+    misleading = {v.name: [m for m in messages[v.name] if corpus.misled(v, m)] for v in mutants}
+    assert not {name: wrong for name, wrong in misleading.items() if wrong}
+    reported = [name for name, channel in corpus.REPORTED.items() if channel == "public"]
+    unnamed = [name for name in reported if not any(corpus.by_name(name).hint in m for m in messages[name])]
+    assert not unnamed, {name: messages[name] for name in unnamed}
 
 
 def test_the_exercises_a_variant_edits_are_found_where_its_edits_are():

@@ -41,14 +41,14 @@ def test_a_counterexample_names_padding_junk_and_keeps_real_tokens_apart():
     assert "padding junk" in text.splitlines()[-2] and text.splitlines()[-1].startswith("(real tokens generated"), text
 
 
-def test_all_padding_rows_are_dropped_from_a_counterexample():
-    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0], [0, 0, 0]], dtype=torch.bool)
-    x = torch.arange(12.0).reshape(4, 3)
-    case = Case({"x": x, "r": torch.arange(4.0), "response_mask": mask}, {"gamma": 0.5})
-    simpler = case.without_empty_rows()
-    assert simpler.tensors["x"].tolist() == [[0, 1, 2], [6, 7, 8]] and simpler.tensors["r"].tolist() == [0, 2]
-    assert simpler.mask.tolist() == [[True, True, False], [True, False, False]] and simpler.scalars == {"gamma": 0.5}
-    assert simpler.without_empty_rows() is None  # nothing left to drop
+def test_a_row_dropped_from_a_counterexample_leaves_the_others_as_they_were():
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 0]], dtype=torch.bool)
+    x = torch.arange(9.0).reshape(3, 3)
+    case = Case({"x": x, "r": torch.arange(3.0), "response_mask": mask}, {"gamma": 0.5})
+    smaller = case.without_row(1)
+    assert smaller.tensors["x"].tolist() == [[0, 1, 2], [6, 7, 8]] and smaller.tensors["r"].tolist() == [0, 2]
+    assert smaller.mask.tolist() == [[True, True, False], [True, False, False]] and smaller.scalars == {"gamma": 0.5}
+    assert (case.rows, smaller.rows) == (3, 2)
 
 
 def test_a_bound_below_resolution_is_called_exact():

@@ -117,3 +117,29 @@ def test_the_singleton_hint_needs_a_group_of_one():
     assert grpo.hint(evidence([0, 0, 1], [1.0, 0.0, 1.0], [2]), 4.0) == grpo.SINGLETON
     # group 0 of two equal rewards, divided by a std of 0 without eps
     assert grpo.hint(evidence([0, 0, 1, 1], [1.0, 1.0, 0.0, 1.0], [0, 1]), 4.0) != grpo.SINGLETON
+
+
+def test_a_hint_rests_on_the_case_shown(sandbox):
+    """A CS336-style file with two bugs, torch.std per group (a group of one gives NaN) and Dr. GRPO
+    divided by a std of 1 + eps: each failing check's hint names the mistake its counterexample
+    shows, whatever the other cases Hypothesis met showed."""
+    text = corpus.render(corpus.by_name("grpo_dr_divides_by_one_plus_eps"),
+                         corpus.render(corpus.by_name("grpo_torch_std_singleton_nan")))
+    result = grade(text, QUICK, CONFIG, exercises={6}, sandbox=sandbox)
+    failed = [c for c in result.checks if not c.passed and c.visibility == "visible"]
+    assert {c.check for c in failed} >= {"dr_grpo", "edge_cases"}, [c.check for c in failed]
+    for check in failed:
+        shown_nan = "advantages is nan" in check.feedback
+        assert ("Hint: a group of one response gives NaN" in check.feedback) == shown_nan, check.feedback
+        assert ("yours divides by 1 + eps" in check.feedback) != shown_nan, check.feedback
+
+
+def test_counterexamples_hold_no_row_they_do_not_need(sandbox):
+    """Hypothesis left exercise 6's edge-case counterexample for Dr. GRPO's 1 + eps at 11 rows, 10 of
+    them empty; the grader drops rows while the case still fails and stays an edge case: a group of
+    one beside a group of two, 3 rows, is the fewest that show it there (2 in the other checks)."""
+    result = grade(corpus.render(corpus.by_name("grpo_dr_divides_by_one_plus_eps")), QUICK, CONFIG, exercises={6},
+                   sandbox=sandbox)
+    rows = {c.check: c.feedback.split("rewards: shape (")[1].split(",")[0] for c in result.checks
+            if not c.passed and c.visibility == "visible"}
+    assert rows == {"dr_grpo": "2", "trainer_layout": "2", "edge_cases": "3"}, rows

@@ -1062,20 +1062,28 @@ def demo_output(tmp_path, impl, capsys, steps=3) -> str:
     return capsys.readouterr().out
 
 
-def test_the_demo_warns_of_a_forgotten_temperature_and_a_wrong_slice(tmp_path, capsys):
+def test_the_demo_warns_of_a_forgotten_temperature_a_wrong_slice_and_a_clip_test_counting_ties(tmp_path, capsys):
     """The demo's temperature is not 1, so an update that forgets it computes other log-probs than the
     rollout; a slice one position late too. Each shows in the printed output at the first step, with
-    the likely causes; the solution prints no warning."""
+    the likely causes, and no clip-test warning (their clip fraction is the same misalignment). A clip
+    test with >= clips every token at ratio 1 while approx_kl_first is 0: its warning names the clip
+    test, not the slice. The solution prints no warning."""
     import corpus
 
     assert "WARNING" not in demo_output(tmp_path / "solution", SOLUTION, capsys)
-    slice_file = tmp_path / "slice.py"
-    slice_file.write_text(corpus.render(corpus.by_name("update_slice_off_by_one")))
-    for name, impl in (("temperature", WrongTemperature), ("slice", load_impl(str(slice_file)))):
+    files = {}
+    for name, variant in (("slice", "update_slice_off_by_one"), ("clip test", "policy_clipfrac_ge")):
+        files[name] = tmp_path / f"{variant}.py"
+        files[name].write_text(corpus.render(corpus.by_name(variant)))
+    for name, impl in (("temperature", WrongTemperature), ("slice", load_impl(str(files["slice"])))):
         out = demo_output(tmp_path / name, impl, capsys)
-        warnings = [line for line in out.splitlines() if "WARNING: stats/approx_kl_first" in line]
-        assert len(warnings) == 1 and warnings[0].startswith("[step 1]"), (name, out)
+        warnings = [line for line in out.splitlines() if "WARNING" in line]
+        assert len(warnings) == 1 and warnings[0].startswith("[step 1] WARNING: stats/approx_kl_first"), (name, out)
         assert all(cause in warnings[0] for cause in ("slice", "temperature", "dropout")), warnings[0]
+    out = demo_output(tmp_path / "clip", load_impl(str(files["clip test"])), capsys, steps=1)
+    (warning,) = [line for line in out.splitlines() if "WARNING" in line]
+    assert warning.startswith("[step 1] WARNING: stats/policy_clipfrac_first = 1,"), out
+    assert "clip test counts ties" in warning and "strict >" in warning and "slice and the temperature are right" in warning
 
 
 def test_the_update_minibatch_benchmark_runs_on_cpu(tmp_path):

@@ -63,8 +63,9 @@ from assignment.trainer.impl import ImplError
 from assignment.trainer.loading import DTYPES, build_models, compile_layers, load_tokenizer
 from assignment.trainer.offload import FrozenParking
 from assignment.trainer.precision import MixedPrecision
-from assignment.trainer.ppo import (FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance, guard_advantages, kl_penalties, ppo_update,
-                                   process_minibatches, sampler_mismatch, sequence_kl)
+from assignment.trainer.ppo import (FIRST_CLIPFRAC_CAUSES, FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance,
+                                   guard_advantages, kl_penalties, ppo_update, process_minibatches, sampler_mismatch,
+                                   sequence_kl)
 from assignment.trainer.reward import Score, score
 from assignment.trainer.rollout import Rollout, Sample, collect, generation_copy, refresh_copy, render_prompts
 from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, SAMPLES, Progress, RunLogger, eval_records_path,
@@ -198,6 +199,7 @@ class Run:
     dist: Distributed | None = None  # the job's processes (None: this one alone)
     model: torch.nn.Module | None = None  # what the update trains: policy, or its DDP wrapper (None: policy)
     first_kl_warned: bool = False  # the approx_kl_first warning is printed once per invocation
+    first_clipfrac_warned: bool = False  # and the policy_clipfrac_first one
     parking: FrozenParking | None = None  # model.offload_frozen: ref and sampler off the GPU outside rollouts
     precision: MixedPrecision | None = None  # model.train_dtype: the 16-bit working copy around policy (None: off)
 
@@ -417,6 +419,7 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     real, sampled = response_mask.bool(), rollout.sample.sampler_logprobs
     sampler_gap = None if sampled is None else (sampled - rollout.logprobs)[real]  # (N,) the 16-bit bound's measure
     warn_first_kl(run, step, update_metrics, rollout.logprobs[real], sampler_gap)
+    warn_first_clipfrac(run, step, update_metrics)
     metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **guard_metrics,
                **update_metrics, "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done,
                **step_peaks(rollout_memory, peak_memory(run.device, "memory/update_"))}
@@ -479,6 +482,21 @@ def warn_first_kl(run: Run, step: int, metrics: dict[str, float], logprobs: torc
         run.first_kl_warned = True
         tqdm.write(f"[step {step}] WARNING: stats/approx_kl_first = {first_kl:.3g}, not 0 within float rounding "
                    f"(|approx_kl_first| <= {tolerance:.1e}): {FIRST_KL_CAUSES}")
+
+
+def warn_first_clipfrac(run: Run, step: int, metrics: dict[str, float]) -> None:
+    """Print a warning, once, on the first step whose first minibatch clipped tokens while its
+    approx_kl is 0 within float rounding (``stats/first_kl_tolerance``, which warn_first_kl logs
+    first): at ratio 1 nothing is clipped, and with the log-probs aligned (warn_first_kl's evidence)
+    the clip test is what counts. A first minibatch whose approx_kl is off too is warn_first_kl's."""
+    clipfrac, first_kl = metrics.get("stats/policy_clipfrac_first"), metrics.get("stats/approx_kl_first")
+    tolerance = metrics.get("stats/first_kl_tolerance")
+    if run.first_clipfrac_warned or not clipfrac or first_kl is None or tolerance is None:
+        return
+    if abs(first_kl) <= tolerance:
+        run.first_clipfrac_warned = True
+        tqdm.write(f"[step {step}] WARNING: stats/policy_clipfrac_first = {clipfrac:.3g}, not 0: "
+                   f"{FIRST_CLIPFRAC_CAUSES}")
 
 
 def score_responses(texts: list[str], problems: list[Problem], responses: Sample, cfg: RewardConfig) -> list[Score]:

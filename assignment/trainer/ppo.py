@@ -93,10 +93,16 @@ def first_kl_tolerance(policy: torch.nn.Module, max_abs_logprob: float, sampler_
     return chain * n * u * max(max_abs_logprob, 1.0)
 
 
-FIRST_KL_CAUSES = ("logprobs_new is not computed the way the rollout computed logprobs_old. Likely causes: "
-                   "the response slice (positions P-1 ... P+T-2 of the logits and values), the temperature "
-                   "(divide the logits by cfg.temperature, as the rollout did), or dropout (the policy in "
-                   "train mode with dropout > 0)")
+FIRST_KL_CAUSES = ("exercise 5 does not compute logprobs_new the way the rollout computed logprobs_old (at the "
+                   "first minibatch they must be equal: ratio 1). Likely causes: the response slice (positions "
+                   "P-1 ... P+T-2 of the logits and values), the temperature (divide the logits by "
+                   "cfg.temperature, as the rollout did), or dropout (the policy in train mode with dropout > 0)")
+# With approx_kl_first at 0 the ratio is 1, where -A * ratio and -A * clamp(ratio) are equal: a clip
+# fraction above 0 there is exercise 1's clip test, not the slice (which moves approx_kl_first too).
+FIRST_CLIPFRAC_CAUSES = ("the ratio is 1 at the first minibatch (stats/approx_kl_first is 0 within float rounding, so "
+                         "the slice and the temperature are right), where the two terms of exercise 1 are equal and "
+                         "no token is clipped: its clip test counts ties. clip_frac counts "
+                         "[-A * clamp(ratio) > -A * ratio], with a strict >")
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from typing import Callable
 
 from hypothesis import strategies as st
 
+from ..cases import Case, two_real_tokens
+
 HIDDEN_PREFIX = "hidden"
 
 
@@ -24,6 +26,9 @@ class Check:
     description: str
     strategy: Callable[[dict], st.SearchStrategy]  # context (e.g. the grading model) -> strategy
     compare: Callable[..., list[str]]              # (case, reference, submission, ulps) -> problems
+    # Whether a counterexample with rows dropped is still an input this check draws (grade.py drops
+    # the rows it does not need); None: its cases have no rows to drop (exercise 5's scenarios).
+    fewer_rows: Callable[[Case], bool] | None = two_real_tokens
 
     @property
     def hidden(self) -> bool:

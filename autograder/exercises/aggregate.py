@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from assignment.contract import LOSS_AGG_MODES, exercise
 
-from ..cases import DTYPES, Case, array, junk, mask_as, padding
+from ..cases import DTYPES, Case, array, junk, mask_as, padding, two_real_tokens, with_empty_row
 from . import Check, all_of, common, fixed
 
 EXERCISE = exercise(7)
@@ -56,6 +56,11 @@ def edge_case(draw) -> Case:
     case, mode = draw(aggregate_case()), draw(st.sampled_from(UNKNOWN_MODES))
     return Case(case.tensors, {**case.scalars, "loss_agg_mode": mode},
                 {"why": f"loss_agg_mode {mode!r} is none of the three modes"}, raises="ValueError")
+
+
+def _edge_input(case: Case) -> bool:
+    """What edge_case draws: an unknown mode on any batch, or a batch with an empty row."""
+    return two_real_tokens(case) if case.raises else with_empty_row(case)
 
 
 def weights(case: Case, mode: str | None = None, budget: float | None = None, empty_rows: bool = False) -> torch.Tensor:
@@ -129,8 +134,25 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     return out
 
 
+EMPTY_ROW = ("an empty row's count of real tokens is 0: dividing by it gives 0 / 0, and selecting the result away "
+             "afterwards (torch.where, or indexing the other rows) still sends 0 * inf = NaN back through the "
+             "division. Divide by a clamped count (count.clamp(min=1)), or select the non-empty rows before dividing")
+
+
+def _empty_row_division(case: Case, sub) -> bool:
+    """The evidence of a division by an empty row's count: a non-finite gradient in rows with no real
+    token only."""
+    if sub.grad is None:
+        return False
+    bad = ~torch.isfinite(sub.grad)  # (B, T)
+    return bool(bad.any()) and not bool(case.mask[bad.any(1)].any())
+
+
 def hint(evidence, ulps) -> str | None:
-    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)], the case shown
+    last (common.suggest)."""
+    if _empty_row_division(*evidence[-1][:2]):
+        return EMPTY_ROW
     return common.suggest(patterns, scales, evidence, ulps)
 
 
@@ -148,6 +170,6 @@ CHECKS = (
           "on the inputs of the three checks above", fixed(aggregate_case()), _gradient),
     Check("edge_cases", "the contract's rules for what the trainer never sends: an empty response has no mean and "
           "counts in B (the loss and its gradient), an unknown mode raises ValueError",
-          fixed(edge_case()), all_of(_loss, _gradient)),
+          fixed(edge_case()), all_of(_loss, _gradient), fewer_rows=_edge_input),
     Check("hidden_loss", "the loss on the hidden inputs, every mode", fixed(aggregate_case()), _loss),
 )

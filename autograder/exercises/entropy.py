@@ -71,11 +71,17 @@ def scales(case: Case, ref=None) -> dict[str, torch.Tensor]:
 
 def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     mask = case.mask
-    h = _entropy(case.tensors["logits"].double())
+    z = case.tensors["logits"].double()
+    h = _entropy(z)
     m = mask.double()
     row_means = (torch.where(mask, h, 0.0).sum(1) / m.sum(1))[m.sum(1) > 0].mean()
     return [
-        ("loss", masked_mean(h, mask), "mind the sign: the entropy loss is -token-mean(H), so that minimising it raises the entropy"),
+        ("loss", masked_mean(h, mask), "your entropy loss has the opposite sign: it is -token-mean(H), so that "
+                                       "minimising it raises the entropy"),
+        ("loss", -masked_mean(torch.logsumexp(z, -1) - (torch.softmax(z, 1) * z).sum(-1), mask),
+         "take the softmax over the vocabulary (dim=-1), not over the response's positions"),
+        ("loss", -masked_mean(torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).mean(-1), mask),
+         "sum p * z over the vocabulary, not the mean"),
         ("loss", -h.mean(), "the mean includes padded positions: use masked_mean"),
         ("loss", -row_means, "you average per-row means; use the token-mean over all real tokens"),
         ("loss", -torch.where(mask, h, 0.0).mean(), common.ALL_POSITIONS),
@@ -109,11 +115,12 @@ def _bfloat16_arithmetic(evidence, ulps) -> bool:
 
 
 def hint(evidence, ulps) -> str | None:
-    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
-    for case, sub, ref in evidence:  # a non-finite loss on real tokens is its own evidence
-        if sub is not None and (not torch.isfinite(sub.outputs["loss"]).all()
-                                or (sub.grad is not None and not torch.isfinite(sub.grad[case.mask]).all())):
-            return NAIVE_LOG
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)], the case shown
+    last (common.suggest)."""
+    case, sub, _ = evidence[-1]  # a non-finite loss on real tokens is its own evidence
+    if sub is not None and (not torch.isfinite(sub.outputs["loss"]).all()
+                            or (sub.grad is not None and not torch.isfinite(sub.grad[case.mask]).all())):
+        return NAIVE_LOG
     if _bfloat16_arithmetic(evidence, ulps):
         return NO_UPCAST
     return common.suggest(patterns, scales, evidence, ulps)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from assignment.contract import exercise
 from assignment.helpers import masked_mean, masked_whiten
 
-from ..cases import DTYPES, Case, array, junk, mask_as, padding
+from ..cases import DTYPES, Case, array, junk, mask_as, padding, with_empty_row
 from . import Check, all_of, common, fixed
 
 EXERCISE = exercise(4)
@@ -54,21 +54,23 @@ def gae_case(draw, lam_zero: bool = False, reward_to_go: bool = False, empty_row
     )
 
 
-def token_rewards(case: Case, reward_index: str = "last_real", kl_sign: float = -1.0) -> torch.Tensor:
+def token_rewards(case: Case, reward_index: str = "last_real", kl_sign: float = -1.0,
+                  overwrite: bool = False) -> torch.Tensor:
     """(B, T) float64 token rewards in closed form: kl_sign * kl_penalties on real tokens, plus
-    final_rewards[b] at row b's last real token (``reward_index="end"``: at T - 1, a known bug)."""
+    final_rewards[b] at row b's last real token. Known bugs: ``reward_index`` "end" (at T - 1) or
+    "first" (at index 0), ``overwrite`` (the reward replaces that token's -kl instead of adding)."""
     mask = case.mask
     rewards = torch.where(mask, kl_sign * case.tensors["kl_penalties"].double(), 0.0)
     lengths = mask.sum(1)
     for b in range(rewards.shape[0]):
         if lengths[b] > 0:
-            rewards[b, lengths[b] - 1 if reward_index == "last_real" else rewards.shape[1] - 1] += \
-                float(case.tensors["final_rewards"][b])
+            t = {"last_real": int(lengths[b]) - 1, "end": rewards.shape[1] - 1, "first": 0}[reward_index]
+            rewards[b, t] = (0.0 if overwrite else rewards[b, t]) + float(case.tensors["final_rewards"][b])
     return rewards
 
 
 def raw_advantages(case: Case, reward_index="last_real", use_next_mask=True, gamma=None, lam=None,
-                   kl_sign=-1.0, skip_last=False, forward=False, trace_gamma=True) -> torch.Tensor:
+                   kl_sign=-1.0, skip_last=False, forward=False, trace_gamma=True, overwrite=False) -> torch.Tensor:
     """(B, T) float64 unwhitened GAE; the keyword arguments reproduce known mistakes (``forward``:
     the same loop run t = 0, 1, ..., what it carries from step to step coming from t - 1)."""
     mask = case.mask
@@ -76,7 +78,7 @@ def raw_advantages(case: Case, reward_index="last_real", use_next_mask=True, gam
     lam = case.scalars["lam"] if lam is None else lam
     values = case.tensors["values"].double()
     values = torch.where(mask, values, 0.0) if use_next_mask else values
-    rewards = token_rewards(case, reward_index, kl_sign)
+    rewards = token_rewards(case, reward_index, kl_sign, overwrite)
     B, T = mask.shape
     advantages = torch.zeros(B, T, dtype=torch.float64)
     next_value, next_mask, next_advantage = (torch.zeros(B, dtype=torch.float64) for _ in range(3))
@@ -147,6 +149,7 @@ FORWARD = ("your loop runs forward, t = 0, 1, ...: A_t is defined through A_{t+1
 
 def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     mask = case.mask
+    n = case.n_real
     raw = raw_advantages(case)
     values = case.tensors["values"].double()
     centred = raw - masked_mean(raw, mask)
@@ -160,7 +163,10 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
         ("advantages", raw, "the advantages must be whitened over the real tokens of the batch (masked_whiten)"),
         ("advantages", masked_whiten(padded_too, everywhere), over_padding),
         ("advantages", (padded_too - padded_too.mean()) / (padded_too.std() + 1e-8), over_padding),
-        ("advantages", biased, "whitening uses the variance with Bessel's correction (n - 1): use masked_whiten"),
+        ("advantages", biased, "you divide by n (the population variance); whitening uses Bessel's correction, "
+                               "n - 1: use masked_whiten"),
+        ("advantages", raw / torch.sqrt(masked_mean(centred ** 2, mask) * n / (n - 1) + 1e-8),
+         "subtract the mean before dividing by the std (masked_whiten)"),
         ("returns", masked_whiten(raw, mask) + values, "compute the returns from the unwhitened advantages: returns = A + values"),
     ]
     for variant, message in (
@@ -169,6 +175,9 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
         (dict(forward=True), FORWARD),
         (dict(lam=0.0), FORWARD),  # a forward loop that reads A[:, t + 1] before writing it: 0, as if lam = 0
         (dict(reward_index="end"), "final_rewards goes at each row's last real token (index L_b - 1), not at T - 1"),
+        (dict(reward_index="first"), "final_rewards goes at each row's last real token (index L_b - 1), not at its "
+                                     "first"),
+        (dict(overwrite=True), "add final_rewards to the last real token's -kl_penalties; yours overwrites it"),
         (dict(use_next_mask=False), "multiply V_{t+1} and A_{t+1} by the next position's mask m_{t+1}: values from padding leak into real tokens"),
         (dict(gamma=case.scalars["lam"], lam=case.scalars["gamma"]), "gamma and lam are swapped"),
         (dict(trace_gamma=False), "the advantage trace decays by gamma * lam: A_t = delta_t + gamma * lam * m_{t+1} "
@@ -181,7 +190,8 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
 
 
 def hint(evidence, ulps) -> str | None:
-    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)], the case shown
+    last (common.suggest)."""
     return common.suggest(patterns, scales, evidence, ulps)
 
 
@@ -199,7 +209,7 @@ CHECKS = (
           fixed(gae_case(reward_to_go=True)), _reward_to_go),
     Check("edge_cases", "the contract's rule for what the trainer never sends (its responses hold at least one "
           "token): a row with no real token gets no reward and changes no other row's advantages or returns",
-          fixed(gae_case(empty_rows=True)), all_of(_advantages, _returns)),
+          fixed(gae_case(empty_rows=True)), all_of(_advantages, _returns), fewer_rows=with_empty_row),
     Check("hidden_advantages", "the advantages on the hidden inputs", fixed(gae_case()), _advantages),
     Check("hidden_returns", "the returns on the hidden inputs", fixed(gae_case()), _returns),
 )

@@ -69,6 +69,28 @@ def _groups(case: Case) -> torch.Tensor:
     return torch.unique(case.tensors["group_ids"], return_inverse=True)[1]
 
 
+# What each layout of grpo_case draws, for counterexamples with rows dropped (Check.fewer_rows).
+def _sizes(case: Case) -> list[int]:
+    return torch.unique(case.tensors["group_ids"], return_counts=True)[1].tolist()
+
+
+def _trainer_input(case: Case) -> bool:
+    """Groups of 2 to 4 responses, each at least one real token long."""
+    return 2 <= min(_sizes(case)) and max(_sizes(case)) <= 4 and bool(case.mask.any(1).all())
+
+
+def _blocks(case: Case) -> bool:
+    """Contiguous groups of one size, as the trainer lays them out."""
+    ids = case.tensors["group_ids"]
+    return _trainer_input(case) and len(set(_sizes(case))) == 1 and \
+        int((ids[1:] != ids[:-1]).sum()) == len(_sizes(case)) - 1
+
+
+def _edges(case: Case) -> bool:
+    """A group of one beside a group of two or more, and at least two real tokens."""
+    return min(_sizes(case)) == 1 and max(_sizes(case)) >= 2 and case.n_real >= 2
+
+
 def group_stats(case: Case, batch: bool = False, unbiased: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(mean, std, size) of each response's group, (B,) float64 each; ``batch``: of the whole
     batch instead (a known mistake), ``unbiased=False``: the population std (another)."""
@@ -86,14 +108,18 @@ def group_stats(case: Case, batch: bool = False, unbiased: bool = True) -> tuple
 
 
 def advantages(case: Case, batch: bool = False, unbiased: bool = True, norm_by_std: bool | None = None,
-               eps_inside: bool = False) -> torch.Tensor:
-    """(B, T) float64 advantages in closed form; the keyword arguments reproduce known mistakes."""
+               eps_inside: bool = False, unit_std: bool = False) -> torch.Tensor:
+    """(B, T) float64 advantages in closed form; the keyword arguments reproduce known mistakes
+    (``unit_std``: Dr. GRPO divided by 1 + eps, a std of 1)."""
     r = case.tensors["rewards"].double()
     mean, std, _ = group_stats(case, batch, unbiased)
     norm = case.scalars["norm_by_std"] if norm_by_std is None else norm_by_std
     eps = case.scalars["eps"]
     c = r - mean
-    out = (c / torch.sqrt(std ** 2 + eps) if eps_inside else c / (std + eps)) if norm else c
+    if norm:
+        out = c / torch.sqrt(std ** 2 + eps) if eps_inside else c / (std + eps)
+    else:
+        out = c / (1 + eps) if unit_std else c
     return torch.where(case.mask, out[:, None], 0.0)
 
 
@@ -137,8 +163,9 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     out = [
         ("advantages", advantages(case, batch=True), "the mean and std are per group (the responses to one prompt), "
                                                       "not over the whole batch"),
-        ("advantages", advantages(case, unbiased=False), "the contract's std is the sample std with Bessel's "
-                                                         "correction (n - 1), as torch.std computes by default"),
+        ("advantages", advantages(case, unbiased=False), "you divide by n (the population std); the contract's std "
+                                                         "is the sample std, Bessel's n - 1, as torch.std computes "
+                                                         "by default"),
         ("advantages", advantages(case, eps_inside=True), "eps is added to the std, outside the square root: "
                                                           "(r - mean) / (std + eps)"),
     ]
@@ -146,8 +173,10 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
         out.append(("advantages", advantages(case, norm_by_std=False), "with norm_by_std=True (GRPO) divide by "
                                                                         "std + eps"))
     else:
-        out.append(("advantages", advantages(case, norm_by_std=True), "with norm_by_std=False (Dr. GRPO) the "
-                                                                       "advantage is r - mean alone: no std"))
+        out += [("advantages", advantages(case, norm_by_std=True), "with norm_by_std=False (Dr. GRPO) the "
+                                                                    "advantage is r - mean alone: no std"),
+                ("advantages", advantages(case, unit_std=True), "Dr. GRPO's advantage is r - mean with no divisor; "
+                                                                "yours divides by 1 + eps")]
     return out
 
 
@@ -155,22 +184,25 @@ SINGLETON = ("a group of one response gives NaN: torch.std of a single value div
              "gives such a response advantage 0 (its own reward is its baseline)")
 
 
+def _nan_in_groups_of_one(case: Case, sub) -> bool | None:
+    """Whether every non-finite advantage sits in a group of one, on a case that also holds a larger
+    group (there a std over the whole batch is finite, so the NaN is the group of one's; a batch of
+    one response is a group of one for both mistakes, and tells nothing); None: all are finite."""
+    broken = ~torch.isfinite(sub.outputs["advantages"]).all(dim=-1) & case.mask.any(dim=-1)  # (B,)
+    if not bool(broken.any()):
+        return None
+    size = group_stats(case)[2]
+    return bool((size[broken] == 1).all()) and bool((size > 1).any())
+
+
 def hint(evidence, ulps) -> str | None:
-    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest).
-    SINGLETON needs non-finite advantages only ever in groups of one, on a case that also holds a
-    larger group: there a std over the whole batch is finite, so the NaN is the group of one's (a
-    batch of one response is a group of one for both mistakes, and tells nothing)."""
-    singleton = False
-    for case, sub, _ in evidence:
-        if sub is None:
-            continue
-        broken = ~torch.isfinite(sub.outputs["advantages"]).all(dim=-1) & case.mask.any(dim=-1)  # (B,)
-        if bool(broken.any()):
-            size = group_stats(case)[2]
-            if not bool((size[broken] == 1).all()):
-                return common.suggest(patterns, scales, evidence, ulps)  # NaN elsewhere: not this mistake
-            singleton |= bool((size > 1).any())
-    return SINGLETON if singleton else common.suggest(patterns, scales, evidence, ulps)
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)], the case shown
+    last (common.suggest). SINGLETON needs the case shown to hold NaNs in groups of one only, and no
+    case to hold them anywhere else."""
+    nan = [_nan_in_groups_of_one(case, sub) for case, sub, _ in evidence if sub is not None]
+    if nan and nan[-1] and False not in nan:
+        return SINGLETON
+    return common.suggest(patterns, scales, evidence, ulps)
 
 
 _no_grad = common.no_gradient("advantages")
@@ -178,13 +210,15 @@ _values = all_of(common.outputs(scales, "advantages"), _zero_padding, _no_grad)
 
 CHECKS = (
     Check("grpo", "GRPO (norm_by_std=True): (r - group mean) / (group std + eps) on real tokens, 0 on padding, "
-          "no gradient; groups of 2 to 4 in any order", fixed(grpo_case(norm_by_std=True)), _values),
+          "no gradient; groups of 2 to 4 in any order", fixed(grpo_case(norm_by_std=True)), _values,
+          fewer_rows=_trainer_input),
     Check("dr_grpo", "Dr. GRPO (norm_by_std=False): r - group mean on real tokens, 0 on padding, no gradient; "
-          "groups of 2 to 4 in any order", fixed(grpo_case(norm_by_std=False)), _values),
+          "groups of 2 to 4 in any order", fixed(grpo_case(norm_by_std=False)), _values, fewer_rows=_trainer_input),
     Check("trainer_layout", "contiguous groups of one size (2 to 4), as the trainer samples them, GRPO or Dr. GRPO",
-          fixed(grpo_case(layout="blocks")), _values),
+          fixed(grpo_case(layout="blocks")), _values, fewer_rows=_blocks),
     Check("edge_cases", "the contract's rules for what the trainer never sends (its groups hold 2 or more "
           "responses of at least one token): a group of one gets 0, an empty response counts in its group",
-          fixed(grpo_case(edges=True)), _values),
-    Check("hidden_advantages", "the advantages on the hidden inputs (groups of 2 or more)", fixed(grpo_case()), _values),
+          fixed(grpo_case(edges=True)), _values, fewer_rows=_edges),
+    Check("hidden_advantages", "the advantages on the hidden inputs (groups of 2 or more)", fixed(grpo_case()), _values,
+          fewer_rows=_trainer_input),
 )

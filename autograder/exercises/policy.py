@@ -91,6 +91,9 @@ def _unit_ratio(case: Case, ref, sub, ulps: float) -> list[str]:
     return common.outputs(scales, "loss", "clip_frac", "approx_kl")(case, closed, sub, ulps)
 
 
+INVERTED = "your ratio is inverted: ratio = exp(logprobs_new - logprobs_old), and approx_kl's log-ratio too"
+
+
 def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     mask = case.mask
     new, old, adv = (case.tensors[k].double() for k in ("logprobs_new", "logprobs_old", "advantages"))
@@ -100,19 +103,29 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     m = mask.double()
     row_means = (torch.where(mask, torch.maximum(un, cl), 0.0).sum(1) / m.sum(1))[m.sum(1) > 0].mean()
     sign = "your loss has the opposite sign: the per-token loss is max(-A * ratio, -A * clamp(ratio)), and we minimise it"
+    product = "you clamp A * ratio; clamp the ratio alone: -A * clamp(ratio, 1 - eps, 1 + eps)"
+    log_ratio = ("clamp the ratio to [1 - eps, 1 + eps], not the log-ratio to [-eps, eps] (that clips to "
+                 "[e^-eps, e^eps])")
+    # Each mistake lists every output it changes (common.suggest): without its minus the clip test
+    # compares A * clamp(ratio) with A * ratio; a clipped term of another form is clip_frac's too.
+    clipped_product, clipped_log = -(adv * r).clamp(1 - eps, 1 + eps), -adv * torch.exp((new - old).clamp(-eps, eps))
     return [
         ("loss", masked_mean(torch.minimum(-un, -cl), mask), sign + " (the paper's min(A r, A clip(r)) is maximised)"),
         ("loss", masked_mean(torch.maximum(-un, -cl), mask), sign),
+        ("clip_frac", masked_mean((-cl > -un).double(), mask), sign),
         ("loss", masked_mean(torch.minimum(un, cl), mask),
          "you take the minimum of the two terms; PPO's loss takes the maximum (the pessimistic bound)"),
+        ("loss", masked_mean(torch.maximum(un, clipped_product), mask), product),
+        ("clip_frac", masked_mean((clipped_product > un).double(), mask), product),
+        ("loss", masked_mean(torch.maximum(un, clipped_log), mask), log_ratio),
+        ("clip_frac", masked_mean((clipped_log > un).double(), mask), log_ratio),
         ("loss", torch.maximum(un, cl).mean(), "the mean includes padded positions: use masked_mean(x, response_mask)"),
         ("loss", torch.where(mask, torch.maximum(un, cl), 0.0).mean(), common.ALL_POSITIONS),
         ("loss", row_means, "you average per-row means; the token-mean divides the sum over all real tokens by their number"),
         ("loss", masked_mean(un, mask), "your loss ignores the clipped term"),
-        ("loss", masked_mean(torch.maximum(un, -adv * torch.exp((new - old).clamp(-eps, eps))), mask),
-         "clamp the ratio to [1 - eps, 1 + eps], not the log-ratio to [-eps, eps] (that clips to [e^-eps, e^eps])"),
-        ("loss", masked_mean(torch.maximum(-adv / r, -adv * (1 / r).clamp(1 - eps, 1 + eps)), mask),
-         "your ratio is inverted: ratio = exp(logprobs_new - logprobs_old)"),
+        ("loss", masked_mean(torch.maximum(-adv / r, -adv * (1 / r).clamp(1 - eps, 1 + eps)), mask), INVERTED),
+        ("clip_frac", masked_mean((-adv * (1 / r).clamp(1 - eps, 1 + eps) > -adv / r).double(), mask), INVERTED),
+        ("approx_kl", masked_mean(new - old, mask), INVERTED),
         ("clip_frac", masked_mean(((r - 1).abs() > eps).double(), mask),
          "clip_frac counts tokens where the clipped term is active ([-A*clamp(ratio) > -A*ratio]), "
          "not every ratio outside [1 - eps, 1 + eps]"),
@@ -120,7 +133,8 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
         ("clip_frac", masked_mean((un > cl).double(), mask), "clip_frac counts tokens where the clipped term is the "
                                                               "larger one, [-A*clamp(ratio) > -A*ratio]; yours counts "
                                                               "those where the unclipped one is"),
-        ("approx_kl", masked_mean(new - old, mask), "approx_kl is token-mean(logprobs_old - logprobs_new); yours is the mean log-ratio, of the opposite sign"),
+        ("approx_kl", masked_mean(new - old, mask), "approx_kl is token-mean(logprobs_old - logprobs_new); yours is "
+                                                    "token-mean(logprobs_new - logprobs_old)"),
         ("approx_kl", masked_mean((r - 1) - torch.log(r), mask), "approx_kl is the k1 estimator, not k3"),
         ("approx_kl", (old - new).mean(), "approx_kl includes padded positions: use masked_mean"),
     ]
@@ -144,8 +158,9 @@ def _division(case, sub) -> bool:
 
 
 def hint(evidence, ulps) -> str | None:
-    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
-    if any(_division(case, sub) for case, sub, _ in evidence):
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)], the case shown
+    last (common.suggest)."""
+    if _division(*evidence[-1][:2]):
         return DIVISION
     return common.suggest(patterns, scales, evidence, ulps)
 

@@ -678,18 +678,19 @@ def _context(scenario: str):
     return lambda context: update_case(context["model"], scenario)
 
 
+# An UpdateCase is a scenario on a model, not rows of a batch: nothing to drop.
 CHECKS = (
     Check("metrics", "the returned metrics equal the reference (slice [P-1:P+T-1], temperature, loss sum)",
-          _context("single"), _metrics),
+          _context("single"), _metrics, fewer_rows=None),
     Check("gradients", "after one accumulating call, every parameter's gradient equals the reference's",
-          _context("gradients"), _gradients),
+          _context("gradients"), _gradients, fewer_rows=None),
     Check("optimizer_steps", "two accumulation cycles: metrics, grad_norm, parameters and zeroed grads match",
-          _context("steps"), _steps),
+          _context("steps"), _steps, fewer_rows=None),
     Check("unit_ratio", "at an unchanged policy the ratio is 1: approx_kl = clipfrac = 0, loss/policy = -mean(A)",
-          _context("unit_ratio"), _unit_ratio),
+          _context("unit_ratio"), _unit_ratio, fewer_rows=None),
     Check("nonfinite_skip", "a non-finite gradient norm skips optimizer.step() but still zeroes the gradients",
-          _context("nonfinite"), _nonfinite),
-    Check("hidden_metrics", "the metrics on the hidden inputs", _context("single"), _metrics),
-    Check("hidden_gradients", "the gradients on the hidden inputs", _context("gradients"), _gradients),
-    Check("hidden_steps", "two accumulation cycles on the hidden inputs", _context("steps"), _steps),
+          _context("nonfinite"), _nonfinite, fewer_rows=None),
+    Check("hidden_metrics", "the metrics on the hidden inputs", _context("single"), _metrics, fewer_rows=None),
+    Check("hidden_gradients", "the gradients on the hidden inputs", _context("gradients"), _gradients, fewer_rows=None),
+    Check("hidden_steps", "two accumulation cycles on the hidden inputs", _context("steps"), _steps, fewer_rows=None),
 )

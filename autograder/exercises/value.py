@@ -65,27 +65,36 @@ def patterns(case: Case) -> list[tuple[str, torch.Tensor, str]]:
     m = mask.double()
     per_token = torch.maximum(e_un, e_cl)
     row_means = (torch.where(mask, per_token, 0.0).sum(1) / m.sum(1))[m.sum(1) > 0].mean()
+    # Each mistake lists every output it changes (common.suggest): another clipped error is clip_frac's too.
+    e_returns, e_absolute = (new - (old + (ret - old).clamp(-c, c))) ** 2, (new.clamp(-c, c) - ret) ** 2
+    returns_clipped = ("you clip the returns around values_old; clip the value instead: "
+                       "v_clip = values_old + clamp(values_new - values_old, -c, c), compared with the returns")
+    absolute = ("you clip values_new itself to [-c, c]; clip its change around values_old: "
+                "v_clip = values_old + clamp(values_new - values_old, -c, c)")
     return [
         ("loss", masked_mean(per_token, mask), "the value loss has a factor 0.5 in front of the token-mean"),
-        ("loss", 0.5 * masked_mean(torch.minimum(e_un, e_cl), mask), "take the maximum of the two squared errors, not the minimum"),
+        ("loss", 0.5 * masked_mean(torch.minimum(e_un, e_cl), mask), "you take the minimum of the two squared errors; "
+                                                                     "take the maximum"),
         ("loss", 0.5 * masked_mean(e_un, mask), "your value loss ignores the clipped term"),
         ("loss", 0.5 * per_token.mean(), "the mean includes padded positions: use masked_mean"),
         ("loss", 0.5 * torch.where(mask, per_token, 0.0).mean(), common.ALL_POSITIONS),
         ("loss", 0.5 * row_means, "you average per-row means; the token-mean divides the sum over all real tokens by their number"),
-        ("loss", 0.5 * masked_mean(torch.maximum(e_un, (new - (old + (ret - old).clamp(-c, c))) ** 2), mask),
-         "you clip the returns around values_old; clip the value instead: "
-         "v_clip = values_old + clamp(values_new - values_old, -c, c), compared with the returns"),
-        ("loss", 0.5 * masked_mean(torch.maximum(e_un, (new.clamp(-c, c) - ret) ** 2), mask),
-         "you clip values_new itself to [-c, c]; clip its change around values_old: "
-         "v_clip = values_old + clamp(values_new - values_old, -c, c)"),
+        ("loss", 0.5 * masked_mean(torch.maximum(e_un, e_returns), mask), returns_clipped),
+        ("clip_frac", masked_mean((e_returns > e_un).double(), mask), returns_clipped),
+        ("loss", 0.5 * masked_mean(torch.maximum(e_un, e_absolute), mask), absolute),
+        ("clip_frac", masked_mean((e_absolute > e_un).double(), mask), absolute),
         ("clip_frac", masked_mean((e_cl >= e_un).double(), mask), "use a strict > in clip_frac"),
+        ("clip_frac", masked_mean((e_un > e_cl).double(), mask), "clip_frac counts tokens where the clipped squared "
+                                                                 "error is the larger one; yours counts those where "
+                                                                 "the unclipped one is"),
         ("clip_frac", masked_mean(((new - old).abs() > c).double(), mask),
          "clip_frac counts tokens where the clipped squared error is the larger one, not every clipped change"),
     ]
 
 
 def hint(evidence, ulps) -> str | None:
-    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)] (common.suggest)."""
+    """The hint for a failed check; ``evidence`` is [(case, submitted, reference)], the case shown
+    last (common.suggest)."""
     return common.suggest(patterns, scales, evidence, ulps)
 
 
