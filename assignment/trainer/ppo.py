@@ -77,7 +77,7 @@ def first_kl_tolerance(policy: torch.nn.Module, max_abs_logprob: float, sampler_
     is ~sqrt(N) times smaller than the root mean square (~60x at 4,000 tokens). Measured on the CPU
     demo's model in bfloat16: 1.5e-3 to 3e-3, where correct code gives 0 and a slice one position
     late 3.6e-2; a forgotten temperature at the demo's 0.8 (3.0e-3 at step 1 in float32) can stay
-    under it, at 0.5 it does not (tests/test_precision.py). On Qwen (H200) correct code reached
+    under it, at 0.5 it does not (measured on the same model). On Qwen (H200) correct code reached
     approx_kl_first 9.9e-4 with no warning. The bound is logged as stats/first_kl_tolerance.
     """
     matrices = [p for p in policy.parameters() if p.dim() == 2]
