@@ -181,11 +181,9 @@ class MixedPrecision(nn.Module):
         self.skipped_steps += overflow
         if self.scaler is not None:
             self.scaler.update(overflow)
-        if self.finite is not None:
-            if overflow:
-                self.non_finite = [name for name, ok in zip(self.names, self.finite.tolist()) if not ok]
-            self.finite.fill_(True)
-        self.stepped = self.overflow = False
+        if overflow and self.finite is not None:
+            self.non_finite = [name for name, ok in zip(self.names, self.finite.tolist()) if not ok]
+        self.discard_cycle()  # the next cycle starts clean
 
     def discard_cycle(self) -> None:
         """Where an update stops inside an accumulation cycle (ppo.target_kl) and its gradients are
