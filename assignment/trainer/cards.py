@@ -37,9 +37,7 @@ DTYPE_FIELDS = ("model.dtype", "model.reference_dtype", "model.train_dtype", "ro
 
 def bfloat16_fields(cfg: Config) -> list[str]:
     """The dtype fields of ``cfg`` that ask for bfloat16 (a null reference_dtype follows model.dtype)."""
-    values = {"model.dtype": cfg.model.dtype, "model.reference_dtype": cfg.model.reference_dtype,
-              "model.train_dtype": cfg.model.train_dtype, "rollout.generation_dtype": cfg.rollout.generation_dtype}
-    return [field for field in DTYPE_FIELDS if values[field] == "bfloat16"]
+    return [field for field in DTYPE_FIELDS if getattr(getattr(cfg, field.split(".")[0]), field.split(".")[1]) == "bfloat16"]
 
 
 def float16_overrides(cfg: Config) -> str:

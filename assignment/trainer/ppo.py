@@ -387,6 +387,9 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
     counts: dict[str, int] = defaultdict(int)
     policy.train()
     optimizer.zero_grad()
+    mixed = policy if isinstance(policy, MixedPrecision) else None  # model.train_dtype's wrapper
+    # under model.train_dtype the working copy's parameters are the ones autograd reaches
+    autograd_model = policy if mixed is None else mixed.working
     ran, stopped, first = 0, False, {}
     for _ in range(cfg.ppo.epochs):
         epoch = minibatches(batch, size, generator, length_groups)
@@ -397,8 +400,6 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
             weights = itertools.repeat(None)
         for i, (minibatch, weight) in enumerate(zip(epoch, weights)):
             step_optimizer = (i + 1) % accum == 0
-            # under model.train_dtype the working copy's parameters are the ones autograd reaches
-            autograd_model = policy.working if isinstance(policy, MixedPrecision) else policy
             with gradient_sync(policy, step_optimizer), scaled_gradients(autograd_model, weight):
                 if around is None:
                     metrics = impl.ppo_minibatch_update(policy, optimizer, minibatch, update_cfg, step_optimizer)
@@ -408,8 +409,8 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
                     metrics = {**metrics, **extra}
             if step_optimizer:
                 scheduler.step()
-                if isinstance(policy, MixedPrecision):
-                    policy.end_cycle()
+                if mixed is not None:
+                    mixed.end_cycle()
             for key, value in metrics.items():
                 sums[key] += float(value)
                 counts[key] += 1
@@ -427,13 +428,13 @@ def ppo_update(impl: ModuleType, policy: torch.nn.Module, optimizer: torch.optim
             break
     optimizer.zero_grad(set_to_none=True)  # an early stop's unfinished cycle is discarded here
     drop_local_gradients(policy)  # and under FSDP2 its unreduced gradients too
-    if isinstance(policy, MixedPrecision):
-        policy.discard_cycle()  # and what its gradient hooks noted of it
+    if mixed is not None:
+        mixed.discard_cycle()  # and what its gradient hooks noted of it
     means = {key: sums[key] / counts[key] for key in sums} | first
     means.update({"stats/lr": scheduler.get_last_lr()[0], "stats/minibatches": float(ran),
                   "stats/early_stop": float(stopped)})
-    if isinstance(policy, MixedPrecision):
-        means.update(policy.metrics())
+    if mixed is not None:
+        means.update(mixed.metrics())
     if stopped:
         means.update({"stats/early_stop_minibatch": float(ran - 1),
                       "stats/early_stop_approx_kl": float(metrics["stats/approx_kl"])})
