@@ -31,6 +31,14 @@ counted; the default peak is the dense TF32 rate of an H100 or H200 SXM, 494.7 T
 precision the float32 weights train in). Step 1 compiles the decoding step and is shown apart; the
 summary is the median over the steps after it.
 
+``--profile-update`` records the last step's update on the GPU (its kernels by kind, and the time
+none ran); ``--host-profile FILE`` records the same update on the host instead (cProfile, the
+functions with the most own time and the most cumulative time, into FILE): where an update whose
+GPU idles spends its time. The two slow the update each in its own way, so one run takes one.
+Every step also records ``update_alloc_retries`` (the allocator's cache flushes: a phase near its
+memory cap) and ``dynamo_graphs`` (torch.compile's graphs so far: one that grows after the first
+steps recompiles).
+
 ``--code DIR`` imports ``assignment`` (and the answer key) from DIR instead of this checkout: a
 tree of another commit (``git archive COMMIT assignment solutions configs | tar -x -C DIR``), so
 that the code before and after a change is measured on the same card in one call. The second
@@ -40,9 +48,12 @@ form writes the Markdown tables of one or more such JSON files, the first being 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import importlib
+import io
 import json
 import math
+import pstats
 import re
 import statistics
 import sys
@@ -104,12 +115,33 @@ def profiled(into: dict):
     into.update(kernel_split(events))
 
 
-def instrument(record: dict, runs: list, profile_next: list[bool] | None = None) -> None:
+def host_profiled(path: Path):
+    """Inside the block, cProfile the host; after it, write the 40 functions with the most own time
+    and the 40 with the most cumulative time to ``path``."""
+    profiler = cProfile.Profile()
+
+    @contextmanager
+    def block():
+        profiler.enable()
+        try:
+            yield
+        finally:
+            profiler.disable()
+            text = io.StringIO()
+            for order in ("tottime", "cumulative"):
+                pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(40)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text.getvalue())
+    return block()
+
+
+def instrument(record: dict, runs: list, profile_next: list[bool] | None = None, host_profile: Path | None = None) -> None:
     """Wrap the functions the trainer calls by module attribute so that ``record`` accumulates
     their synchronised seconds (and, for the update, the minibatches' columns and real tokens) and
     the memory of each phase (``{phase}_held_gib``, ``{phase}_peak_gib``), and ``runs`` receives
     the trainer's ``Run`` (its models and optimizer, for ``resident``). While ``profile_next[0]`` is
-    true, the next update is profiled (its kernels by kind in ``record["update_split"]``), once."""
+    true, the next update is profiled (its kernels by kind in ``record["update_split"]``, or with
+    ``host_profile`` its host functions into that file), once."""
     rollout = importlib.import_module("assignment.trainer.rollout")
     ppo = importlib.import_module("assignment.trainer.ppo")
     loop = importlib.import_module("assignment.trainer.loop")
@@ -156,10 +188,10 @@ def instrument(record: dict, runs: list, profile_next: list[bool] | None = None)
                 return ppo_update(*args, **kwargs)
         profile_next[0] = False
         split: dict = {}
-        with timed("update_timed_s", "update"), profiled(split):
+        with timed("update_timed_s", "update"), (host_profiled(host_profile) if host_profile else profiled(split)):
             out = ppo_update(*args, **kwargs)
             sync()
-        record["update_split"] = split
+        record["update_split"] = split or {"host_profile": str(host_profile)}
         return out
 
     def timed_generate(*args, **kwargs):
@@ -234,8 +266,9 @@ def measure(args: argparse.Namespace) -> dict:
         torch.set_float32_matmul_precision = lambda precision: None
     record: dict = defaultdict(float)
     runs: list = []
-    profile_next = [args.profile_update and args.steps == 1]  # set after step steps - 1: the last step's update
-    instrument(record, runs, profile_next)
+    profiling = args.profile_update or args.host_profile is not None
+    profile_next = [profiling and args.steps == 1]  # set after step steps - 1: the last step's update
+    instrument(record, runs, profile_next, args.host_profile)
     steps: list[dict] = []
 
     def on_step(step: int, metrics: dict) -> None:
@@ -245,6 +278,9 @@ def measure(args: argparse.Namespace) -> dict:
         row = {"step": step, "rollout_s": metrics["time/rollout"], "update_s": metrics["time/update"],
                "response_tokens": response_tokens, "approx_kl_first": metrics.get("stats/approx_kl_first"),
                "peak_memory_gib": max(phase_peaks) if phase_peaks else metrics.get("memory/peak_memory_gib"),
+               "update_alloc_retries": metrics.get("memory/update_alloc_retries"),
+               "rollout_alloc_retries": metrics.get("memory/rollout_alloc_retries"),
+               "dynamo_graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"],
                **(resident(runs[-1]) if runs else {}), **record}
         row["rest_s"] = row["rollout_s"] - sum(row.get(k, 0.0) for k in ("generate_s", "policy_forward_s", "reference_forward_s"))
         steps.append(row)
@@ -255,7 +291,7 @@ def measure(args: argparse.Namespace) -> dict:
             record["parameters"] = params
         if step >= args.steps:
             raise Enough
-        profile_next[0] = args.profile_update and step == args.steps - 1
+        profile_next[0] = profiling and step == args.steps - 1
 
     import transformers
 
@@ -307,6 +343,13 @@ def _most(run: dict, key: str) -> float:
     return max((row.get(key) or 0.0) for row in run["steps"])
 
 
+def _flushes(run: dict) -> str:
+    """The update's allocator cache flushes (``update_alloc_retries``), median over the measured
+    steps; "-" for a measurement made before they were recorded."""
+    rows = [row for row in run["steps"][1:] or run["steps"] if row.get("update_alloc_retries") is not None]
+    return f"{median(rows, 'update_alloc_retries'):.0f}" if rows else "-"
+
+
 def report(runs: list[dict]) -> str:
     sums = [summary(run) for run in runs]
     base = sums[0]
@@ -324,11 +367,12 @@ def report(runs: list[dict]) -> str:
                      f"{s['reference_forward_s']:.2f} | {s['rest_s']:.2f} | {s['response_tokens']:.0f} | "
                      f"{s['tokens_per_s']:.0f} | {s['tokens_per_s'] / base['tokens_per_s']:.2f}x |")
     lines += ["", "## Update (seconds per step, median)", "",
-              "| run | update | real tokens | computed columns | padding | real-token MFU | parameters |",
-              "|---|---|---|---|---|---|---|"]
+              "| run | update | real tokens | computed columns | padding | real-token MFU | parameters | cache flushes |",
+              "|---|---|---|---|---|---|---|---|"]
     for run, s in zip(runs, sums):
         lines.append(f"| {run['label']} | {s['update_s']:.2f} | {s['update_real_tokens']:.0f} | {s['update_columns']:.0f} | "
-                     f"{s['padding']:.1%} | {s['mfu']:.1%} of {run['peak_tflops']:g} TFLOPS | {s['params'] / 1e6:.0f}M |")
+                     f"{s['padding']:.1%} | {s['mfu']:.1%} of {run['peak_tflops']:g} TFLOPS | {s['params'] / 1e6:.0f}M | "
+                     f"{_flushes(run)} |")
     split = [(run, next((row["update_split"] for row in run["steps"] if row.get("update_split", {}).get("busy_s")), None))
              for run in runs]
     if any(kinds for _, kinds in split):
@@ -377,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tf32", action="store_true", help="float32 matmuls at full precision (no TF32)")
     parser.add_argument("--profile-update", action="store_true",
                         help="profile the last step's update: its GPU kernels by kind (update_split)")
+    parser.add_argument("--host-profile", type=Path,
+                        help="cProfile the last step's update on the host, into this file (not with --profile-update)")
     parser.add_argument("--report", type=Path, nargs="+", help="write the tables of these JSON files instead")
     parser.add_argument("--out", type=Path, help="with --report: the Markdown file")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
@@ -390,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.config is None or args.json is None:
         parser.error("--config and --json are required to measure")
+    if args.profile_update and args.host_profile:
+        parser.error("--profile-update and --host-profile each slow the update their own way: one at a time")
     result = measure(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))

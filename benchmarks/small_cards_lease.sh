@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# One lease of a machine of 4 GPUs for the small-card profiles in 16 bits (model.train_dtype): three
-# whole runs, one per GPU, and beside them the step benchmarks that the speed targets and the card
-# estimates rest on. As run on 2026-11-28 (reports/performance.md Part 5), but for the float32
-# profiles' benchmarks, now profiled too.
+# Leases for the small-card profiles in 16 bits (model.train_dtype): whole runs, one per GPU, and the
+# step benchmarks that the speed targets and the card estimates rest on.
 #
-#   bash benchmarks/small_cards_lease.sh start     # copy the tree to $HOME/w, start the queues, return
-#   bash benchmarks/small_cards_lease.sh watch     # print progress for WATCH_S seconds (default 540),
-#                                                  # then pack what is done into $OUT/results.tar.gz
+#   bash benchmarks/small_cards_lease.sh start PLAN  # copy the tree to $HOME/w, start PLAN's queues, return
+#   bash benchmarks/small_cards_lease.sh watch       # print progress for WATCH_S seconds (default 540),
+#                                                    # then pack what is done into $OUT/results.tar.gz
 #
 # Run from the repository root on the GPU machine, after `. $HOME/ppo-stage/env.sh` (the model, the
 # data and bitsandbytes: device-stage qwen-coder with EXTRA_WHEELS=bitsandbytes==0.50.2). The queues
 # run from a copy of the tree outside the repository (the device tool replaces the working tree
 # between calls), each in a process group of its own (setsid), so that they outlive the call.
 #
+# PLAN x4 (4 GPUs; as run on 2026-11-28 in reports/performance.md Part 5, but for the float32
+# profiles' benchmarks, now profiled too):
 #   GPU 0: the 24 GB profile's whole run, then the 16 GB profile's step benchmark (profiled)
 #   GPU 1: the 16 GB profile's whole run, then the float16 profile's step benchmark (profiled)
 #   GPU 2: the float16 profile's whole run
 #   GPU 3: step benchmarks of the recipe (profiled), the 24 GB and 16 GB profiles as they were (float32
 #          training: the before), the recipe with TF32 off (profiled: the card model's check), the
 #          24 GB profile (profiled)
+# PLAN diagnose (2 GPUs): where the 16-bit update's host time goes, and the float16 NaN
+#   GPU 0: the 24 GB profile in bfloat16 under its cap (host profile, compile's recompiles logged),
+#          without its cap (kernels profiled), and under its cap with half the minibatch
+#   GPU 1: the 16 GB profile in bfloat16 (kernels profiled), then in float16 for 6 steps (a skipped
+#          step names the parameters whose gradient was not finite)
 set -uo pipefail
 W=$HOME/w
 R=$HOME/r
@@ -50,31 +55,47 @@ queue() {  # queue GPU COMMAND...: the commands in order on that GPU, each logge
   setsid nohup bash "$script" > "$R/gpu$gpu.log" 2>&1 < /dev/null &
 }
 
+plan_x4() {
+  queue 0 "$(run 24gb 24gb $BF16_24)" \
+    "$(bench 16gb_after gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16 training' --profile-update $BF16_16)"
+  queue 1 "$(run 16gb 16gb $BF16_16)" \
+    "$(bench 16gb_float16_after gsm8k_qwen_coder_16gb.yaml '16 GB profile, float16 training' --profile-update $FP16_16)"
+  queue 2 "$(run 16gb_float16 16gb $FP16_16)"
+  queue 3 "$(bench recipe gsm8k_qwen_coder.yaml 'recipe, float32 (TF32)' --profile-update)" \
+    "$(bench 24gb_before gsm8k_qwen_coder_24gb.yaml '24 GB profile, float32 training (before)' --profile-update)" \
+    "$(bench 16gb_before gsm8k_qwen_coder_16gb.yaml '16 GB profile, float32 training (before)' --profile-update)" \
+    "$(bench recipe_fp32 gsm8k_qwen_coder.yaml 'recipe, plain FP32 (TF32 off)' --profile-update --no-tf32)" \
+    "$(bench 24gb_after gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16 training' --profile-update $BF16_24)"
+}
+plan_diagnose() {
+  queue 0 "TORCH_LOGS=recompiles $(bench 24gb_bf16_capped gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16, under its cap' \
+      --host-profile $R/bench/24gb_bf16_capped_host.txt $BF16_24)" \
+    "$(bench 24gb_bf16_uncapped gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16, no cap' --profile-update \
+      $BF16_24 train.max_gpu_memory_gib=null)" \
+    "$(bench 24gb_bf16_mb4 gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16, minibatches of 4' --profile-update \
+      $BF16_24 ppo.minibatch_size=4 ppo.grad_accum_steps=16)"
+  queue 1 "$(bench 16gb_bf16 gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16' --profile-update $BF16_16)" \
+    "$(bench 16gb_fp16 gsm8k_qwen_coder_16gb.yaml '16 GB profile, float16, 6 steps' --steps 6 $FP16_16)"  # the later --steps wins
+}
+
 case "${1:-}" in
   start)
+    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose" >&2; exit 2; }
     rm -rf "$W" "$R"; mkdir -p "$W" "$R/bench"
     cp -r assignment solutions configs benchmarks pyproject.toml "$W/"
     nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpu.txt"
     python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >> "$R/gpu.txt"
-    queue 0 "$(run 24gb 24gb $BF16_24)" \
-      "$(bench 16gb_after gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16 training' --profile-update $BF16_16)"
-    queue 1 "$(run 16gb 16gb $BF16_16)" \
-      "$(bench 16gb_float16_after gsm8k_qwen_coder_16gb.yaml '16 GB profile, float16 training' --profile-update $FP16_16)"
-    queue 2 "$(run 16gb_float16 16gb $FP16_16)"
-    queue 3 "$(bench recipe gsm8k_qwen_coder.yaml 'recipe, float32 (TF32)' --profile-update)" \
-      "$(bench 24gb_before gsm8k_qwen_coder_24gb.yaml '24 GB profile, float32 training (before)' --profile-update)" \
-      "$(bench 16gb_before gsm8k_qwen_coder_16gb.yaml '16 GB profile, float32 training (before)' --profile-update)" \
-      "$(bench recipe_fp32 gsm8k_qwen_coder.yaml 'recipe, plain FP32 (TF32 off)' --profile-update --no-tf32)" \
-      "$(bench 24gb_after gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16 training' --profile-update $BF16_24)"
+    "plan_$2"
     cat "$R/gpu.txt"; echo "started: $(ls $R/queue*.sh | wc -l) queues"
     ;;
   watch)
     end=$((SECONDS + ${WATCH_S:-540}))
-    while [ $SECONDS -lt $end ] && [ "$(ls $R/done* 2>/dev/null | wc -l)" -lt 4 ]; do sleep 15; done
-    for gpu in 0 1 2 3; do echo "--- GPU $gpu $( [ -f $R/done$gpu ] && echo done || echo running)"; grep -E "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |Error|error|WARNING" "$R/gpu$gpu.log" | tail -6; done
+    queues=$(ls $R/queue*.sh | wc -l)
+    while [ $SECONDS -lt $end ] && [ "$(ls $R/done* 2>/dev/null | wc -l)" -lt "$queues" ]; do sleep 15; done
+    for gpu in $(seq 0 $((queues - 1))); do echo "--- GPU $gpu $( [ -f $R/done$gpu ] && echo done || echo running)"; grep -E "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |skipped|Error|error|WARNING" "$R/gpu$gpu.log" | tail -8; done
     # what came back: every run folder without checkpoints, the benchmarks' JSON, the logs
     tar -C "$R" --exclude='checkpoint*' --exclude='run_*' --exclude='tb' -czf "${OUT:-/tmp}/results.tar.gz" . 2>/dev/null
     ls -la "${OUT:-/tmp}/results.tar.gz"
     ;;
-  *) echo "usage: $0 start|watch" >&2; exit 2 ;;
+  *) echo "usage: $0 start x4|diagnose, or $0 watch" >&2; exit 2 ;;
 esac

@@ -1034,14 +1034,19 @@ def test_the_ppo_step_benchmark_times_the_trainers_steps_on_cpu(tmp_path):
     its tables; on CPU the numbers mean nothing and are not checked, only that every part ran."""
     bench = load_module(Path(__file__).resolve().parents[1] / "benchmarks" / "ppo_step.py", "ppo_step")
     config = Path(__file__).resolve().parents[1] / "configs" / "cpu_synthetic.yaml"
-    result, out = tmp_path / "run.json", tmp_path / "ppo_step.md"
+    result, out, host = tmp_path / "run.json", tmp_path / "ppo_step.md", tmp_path / "host.txt"
     assert bench.main(["--config", str(config), "--steps", "2", "--label", "cpu", "--json", str(result),
-                       "--output-dir", str(tmp_path / "run"), "rollout.batch_size=8", "ppo.minibatch_size=4",
-                       "train.cpu_threads=1", "train.progress=false"]) == 0
+                       "--output-dir", str(tmp_path / "run"), "--host-profile", str(host), "rollout.batch_size=8",
+                       "ppo.minibatch_size=4", "train.cpu_threads=1", "train.progress=false"]) == 0
     steps = json.loads(result.read_text())["steps"]
     assert [row["step"] for row in steps] == [1, 2]
     assert all(row["generate_s"] > 0 and row["policy_forward_s"] > 0 and row["reference_forward_s"] > 0
                and 0 < row["update_real_tokens"] <= row["update_columns"] for row in steps)
+    # the last update's host profile: cProfile's tables, exercise 5 among the functions
+    assert steps[1]["update_split"] == {"host_profile": str(host)} and "update_split" not in steps[0]
+    assert "function calls" in host.read_text() and "ppo_update" in host.read_text()
+    with pytest.raises(SystemExit):  # the two profilers distort each other: one at a time
+        bench.main(["--config", str(config), "--json", str(result), "--profile-update", "--host-profile", str(host)])
     assert not (tmp_path / "run" / "checkpoint.pt").exists()  # stopped before the last step's checkpoint
     assert bench.main(["--report", str(result), str(result), "--out", str(out)]) == 0
     assert "| cpu |" in out.read_text() and "real-token MFU" in out.read_text()

@@ -139,20 +139,25 @@ def disable_dropout(model: torch.nn.Module) -> None:
 
 
 def reset_peak_memory(device: torch.device) -> None:
-    """Start a new peak for ``peak_memory`` (CUDA only; nothing elsewhere)."""
+    """Start a new peak, and a new count of cache flushes, for ``peak_memory`` (CUDA only; nothing elsewhere)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.reset_accumulated_memory_stats(device)
 
 
 def peak_memory(device: torch.device, prefix: str) -> dict[str, float]:
     """``{prefix}peak_memory_gib``: the most memory torch's allocator held on ``device`` since the
     last ``reset_peak_memory`` (tensors, not the allocator's cache), and ``{prefix}peak_reserved_gib``,
-    the most it reserved from the card (tensors and cache: what train.max_gpu_memory_gib caps);
-    empty off CUDA."""
+    the most it reserved from the card (tensors and cache: what train.max_gpu_memory_gib caps),
+    and ``{prefix}alloc_retries``, how often an allocation found the card (or the cap) full and the
+    allocator freed its whole cache to retry: each retry synchronizes the card and returns memory
+    that the next allocations map again, so a phase that retries often runs near its cap, slowly.
+    Empty off CUDA."""
     if device.type != "cuda":
         return {}
     return {f"{prefix}peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30,
-            f"{prefix}peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30}
+            f"{prefix}peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+            f"{prefix}alloc_retries": float(torch.cuda.memory_stats(device).get("num_alloc_retries", 0))}
 
 
 def step_peaks(rollout: dict[str, float], update: dict[str, float]) -> dict[str, float]:
