@@ -24,6 +24,9 @@
 #          without its cap (kernels profiled), and under its cap with half the minibatch
 #   GPU 1: the 16 GB profile in bfloat16 (kernels profiled), then in float16 for 6 steps (a skipped
 #          step names the parameters whose gradient was not finite)
+# PLAN evening (2 GPUs): the 24 GB profile's whole run in bfloat16 (GPU 0); beside it (GPU 1) the step
+#   benchmarks of both profiles in bfloat16 compiled by layer (model.compile_scope), the recipe in
+#   float32 with TF32 and without (the card model's check), the 24 GB profile in float32 by layer
 set -uo pipefail
 W=$HOME/w
 R=$HOME/r
@@ -77,10 +80,21 @@ plan_diagnose() {
   queue 1 "$(bench 16gb_bf16 gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16' --profile-update $BF16_16)" \
     "$(bench 16gb_fp16 gsm8k_qwen_coder_16gb.yaml '16 GB profile, float16, 6 steps' --steps 6 $FP16_16)"  # the later --steps wins
 }
+plan_evening() {
+  queue 0 "$(run 24gb 24gb $BF16_24)"
+  queue 1 "$(bench 24gb_bf16_layer gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16, compiled by layer' --profile-update \
+      $BF16_24 model.compile_scope=layer)" \
+    "$(bench 16gb_bf16_layer gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16, compiled by layer' --profile-update \
+      $BF16_16 model.compile_scope=layer)" \
+    "$(bench recipe gsm8k_qwen_coder.yaml 'recipe, float32 (TF32)' --profile-update)" \
+    "$(bench recipe_fp32 gsm8k_qwen_coder.yaml 'recipe, plain FP32 (TF32 off)' --profile-update --no-tf32)" \
+    "$(bench 24gb_fp32_layer gsm8k_qwen_coder_24gb.yaml '24 GB profile, float32, compiled by layer' --profile-update \
+      model.compile_scope=layer)"
+}
 
 case "${1:-}" in
   start)
-    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose" >&2; exit 2; }
+    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening" >&2; exit 2; }
     rm -rf "$W" "$R"; mkdir -p "$W" "$R/bench"
     cp -r assignment solutions configs benchmarks pyproject.toml "$W/"
     nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpu.txt"
@@ -97,5 +111,5 @@ case "${1:-}" in
     tar -C "$R" --exclude='checkpoint*' --exclude='run_*' --exclude='tb' -czf "${OUT:-/tmp}/results.tar.gz" . 2>/dev/null
     ls -la "${OUT:-/tmp}/results.tar.gz"
     ;;
-  *) echo "usage: $0 start x4|diagnose, or $0 watch" >&2; exit 2 ;;
+  *) echo "usage: $0 start x4|diagnose|evening, or $0 watch" >&2; exit 2 ;;
 esac

@@ -657,15 +657,16 @@ def test_the_scoring_forward_by_length_gives_the_whole_batch_forward():
     assert float(expected_values[response_mask].abs().min()) > 0  # the values are compared, not zeros
 
 
-def test_the_compiled_layers_give_the_eager_forward_and_gradients():
-    """model.compile (loading.compile_layers): each decoder layer's attention, MLP and norms
-    compiled, gradient checkpointing around them. What this project's code decides is what dynamo
-    captures: dynamo's own "eager" backend runs the captured graphs with the original ops and
-    autograd, so the policy's logits, values and gradients are the eager ones bit for bit. The
-    captured graphs are one per kind of part (3), for 2 layers as for 4 and for every length:
-    nothing recompiles per layer or per length, and nothing breaks the graphs. eager_layers takes
-    the compiled forwards out and puts them back. (Inductor's kernels round differently; their
-    numerics are PyTorch's to test.)"""
+@pytest.mark.parametrize("scope, graphs, per_layer", [("part", 3, 4), ("layer", 1, 1)])
+def test_the_compiled_layers_give_the_eager_forward_and_gradients(scope, graphs, per_layer):
+    """model.compile (loading.compile_layers): each decoder layer (scope "layer") or its attention,
+    MLP and norms ("part") compiled, gradient checkpointing around them. What this project's code
+    decides is what dynamo captures: dynamo's own "eager" backend runs the captured graphs with the
+    original ops and autograd, so the policy's logits, values and gradients are the eager ones bit
+    for bit. The captured graphs are one per kind of compiled function (3 parts, or 1 layer), for 2
+    layers as for 4 and for every length: nothing recompiles per layer or per length, and nothing
+    breaks the graphs. eager_layers takes the compiled forwards out and puts them back. (Inductor's
+    kernels round differently; their numerics are PyTorch's to test.)"""
     from torch._dynamo.utils import counters
 
     for layers in (2, 4):
@@ -675,7 +676,7 @@ def test_the_compiled_layers_give_the_eager_forward_and_gradients():
         (getattr(lm, "activation_checkpointing_enable", None) or lm.gradient_checkpointing_enable)()
         eager, compiled = PolicyWithValueHead(lm), PolicyWithValueHead(copy.deepcopy(lm))
         compiled.load_state_dict(eager.state_dict())
-        loading.compile_layers(compiled.lm, backend="eager")
+        loading.compile_layers(compiled.lm, backend="eager", scope=scope)
         for length in (7, 9, 12):
             ids = torch.randint(1, 40, (3, length), generator=torch.Generator().manual_seed(length))
             mask = torch.ones_like(ids)
@@ -687,9 +688,9 @@ def test_the_compiled_layers_give_the_eager_forward_and_gradients():
                 (logits.logsumexp(-1).mean() + values.mean()).backward()
                 results.append([logits.detach(), values.detach(), *(p.grad for p in policy.parameters())])
             assert all(torch.equal(a, b) for a, b in zip(*results))
-        assert counters["stats"]["unique_graphs"] == 3 and not counters["graph_break"]
-        parts = loading.compiled_parts(compiled.lm)
-        assert len(parts) == 4 * layers and all("forward" in vars(part) for part in parts)
+        assert counters["stats"]["unique_graphs"] == graphs and not counters["graph_break"]
+        parts = loading.compiled_parts(compiled.lm, scope)
+        assert len(parts) == per_layer * layers and all("forward" in vars(part) for part in parts)
         with loading.eager_layers(compiled.lm):
             assert not any("forward" in vars(part) for part in parts)
         assert all("forward" in vars(part) for part in parts)

@@ -158,33 +158,38 @@ def build_models(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int
     return PolicyWithValueHead(lm).to(device), ref.to(device)
 
 
-def compile_layers(lm: PreTrainedModel, backend: str = "inductor") -> None:
+def compile_layers(lm: PreTrainedModel, backend: str = "inductor", scope: str = "part") -> None:
     """Compile, in place and with dynamic shapes (one graph serves every row count and length),
-    the ``forward`` of each part of each decoder layer of ``lm``: its attention, MLP and norms.
-    What it saves is host time: an eager forward of Qwen2.5-0.5B launches ~1000 kernels from
-    Python, which small minibatches cannot hide behind GPU work (model.compile in the config).
+    the ``forward`` of each decoder layer of ``lm`` (``scope`` "layer") or of each of its parts, its
+    attention, MLP and norms ("part"). What it saves is host time: an eager forward of
+    Qwen2.5-0.5B launches ~1000 kernels from Python, which small minibatches cannot hide behind GPU
+    work (model.compile and model.compile_scope in the config). A compiled call has a host cost of
+    its own (guards, autograd wrappers): a layer is one call where its parts are four.
 
-    The parts, and not the whole transformer as one graph: that graph (24 layers with their
+    Layers or parts, and not the whole transformer as one graph: that graph (24 layers with their
     gradient checkpointing) took inductor ~5 min to compile for the scoring forwards and ~11 min
-    for the update's first step, and recompiled in the second (two H200s); the parts are what the
-    small-card profiles' step times were measured with.
+    for the update's first step, and recompiled in the second (two H200s). A layer's forward is
+    what gradient checkpointing wraps, so a compiled layer is recomputed by its compiled code.
     The state dict keeps its keys."""
-    for module in compiled_parts(lm):
+    for module in compiled_parts(lm, scope):
         module.forward = torch.compile(module.forward, dynamic=True, backend=backend)
 
 
-def compiled_parts(lm: PreTrainedModel) -> list[torch.nn.Module]:
-    """The direct children of each repeated block of ``lm`` (its ``_no_split_modules`` classes, as
-    FSDP wraps them): a decoder layer's attention, MLP and norms."""
+def compiled_parts(lm: PreTrainedModel, scope: str = "part") -> list[torch.nn.Module]:
+    """The repeated blocks of ``lm`` (its ``_no_split_modules`` classes, as FSDP wraps them: the
+    decoder layers) for ``scope`` "layer", or their direct children (a decoder layer's attention,
+    MLP and norms) for "part"."""
     classes = set(getattr(lm, "_no_split_modules", None) or ())
-    return [child for module in lm.modules() if type(module).__name__ in classes for child in module.children()]
+    layers = [module for module in lm.modules() if type(module).__name__ in classes]
+    return layers if scope == "layer" else [child for layer in layers for child in layer.children()]
 
 
 @contextmanager
 def eager_layers(lm: PreTrainedModel) -> Iterator[None]:
     """Inside the block, ``compile_layers``' parts run eagerly: decoding with a growing KV cache
     (evaluation, or sampling from the policy itself) would recompile them at every new length."""
-    compiled = [(module, vars(module).pop("forward")) for module in compiled_parts(lm) if "forward" in vars(module)]
+    compiled = [(module, vars(module).pop("forward")) for scope in ("layer", "part") for module in compiled_parts(lm, scope)
+                if "forward" in vars(module)]
     try:
         yield
     finally:

@@ -258,8 +258,8 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
     sampler = generation_copy(policy.lm, DTYPES[cfg.rollout.generation_dtype]) if cfg.rollout.generation_dtype else None
     precision = MixedPrecision(policy, DTYPES[cfg.model.train_dtype]) if cfg.model.train_dtype else None
     if cfg.model.compile and device.type == "cuda":  # the sampler is transformers' to compile
-        compile_layers(policy.lm if precision is None else precision.working.lm)  # what runs the forwards
-        compile_layers(ref)
+        compile_layers(policy.lm if precision is None else precision.working.lm, scope=cfg.model.compile_scope)  # what runs the forwards
+        compile_layers(ref, scope=cfg.model.compile_scope)
     # before the optimizer: FSDP replaces the parameters by their shards (model.train_dtype: one process)
     model = dist.wrap(policy) if precision is None else precision
     optimizer = build_optimizer(policy, cfg.ppo)
