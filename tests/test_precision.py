@@ -18,7 +18,7 @@ from assignment.trainer.impl import load_impl
 from assignment.trainer.loading import build_models, load_tokenizer
 from assignment.trainer.loop import FINISHED, TIME_LIMIT, train
 from assignment.trainer.ppo import FAR_RATIO, UpdateConfig, first_kl_tolerance, ppo_update, sampler_mismatch
-from assignment.trainer.precision import LossScaler, MixedPrecision, working_copy
+from assignment.trainer.precision import LossScaler, MixedPrecision, cudnn_attention_safe, working_copy
 from assignment.trainer.rollout import SampledLogprobs, generation_copy, render_prompts, response_forward, sample
 from assignment.trainer.runlog import read_jsonl
 
@@ -541,3 +541,11 @@ def test_the_trainer_names_where_a_float16_gradient_overflowed(tmp_path, monkeyp
     printed = capsys.readouterr().out
     line = next(line for line in printed.splitlines() if "skipped: gradients not finite" in line)
     assert line.startswith("[step 1] 4 optimizer step(s) skipped") and "lm.model." in line, line
+
+
+def test_cudnn_attention_is_kept_only_where_the_backward_runs_in_float32():
+    """cuDNN's 16-bit attention backward gives NaN query gradients (precision.cudnn_attention_safe):
+    the trainer turns it off for 16-bit training and for a policy kept in 16 bits, not for float32."""
+    assert cudnn_attention_safe("float32", None)
+    assert not cudnn_attention_safe("float32", "bfloat16") and not cudnn_attention_safe("float32", "float16")
+    assert not cudnn_attention_safe("bfloat16", None) and not cudnn_attention_safe("float16", None)

@@ -62,7 +62,7 @@ from assignment.trainer.evaluate import evaluate_batches, summarize
 from assignment.trainer.impl import ImplError
 from assignment.trainer.loading import DTYPES, build_models, compile_layers, load_tokenizer
 from assignment.trainer.offload import FrozenParking
-from assignment.trainer.precision import MixedPrecision
+from assignment.trainer.precision import MixedPrecision, cudnn_attention_safe
 from assignment.trainer.ppo import (FIRST_CLIPFRAC_CAUSES, FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance,
                                    guard_advantages, kl_penalties, ppo_update, process_minibatches, sampler_mismatch,
                                    sequence_kl)
@@ -246,6 +246,8 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
         raise ConfigError(problem)
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")  # float32 weights, TF32 matmuls
+        if not cudnn_attention_safe(cfg.model.dtype, cfg.model.train_dtype):
+            torch.backends.cuda.enable_cudnn_sdp(False)  # its 16-bit backward gives NaN (cudnn_attention_safe)
     progress.record(**cap_gpu_memory(device, cfg.train.max_gpu_memory_gib))
     seed_everything(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model)
