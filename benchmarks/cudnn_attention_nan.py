@@ -14,7 +14,7 @@ The inputs: Qwen2.5-0.5B's attention shape (14 heads of 64), rows left-padded as
 prompts, a causal boolean mask, and in head 1 each row's first real token scoring every key at
 about -300. For each length and dtype, the count of non-finite entries of the gradients of q, k
 and v, with PyTorch's default choice of kernel, with cuDNN's alone and with the memory-efficient
-kernel alone. What it printed on an H200 (torch 2.11, cuDNN 9.19): reports/performance/small_cards/cudnn_attention_nan.txt.
+kernel alone. What it printed on an H200 (torch 2.11, cuDNN 9.19): reports/performance/small_cards/lease_16bit_2/cudnn_attention_nan.txt.
 """
 
 from __future__ import annotations
