@@ -113,30 +113,32 @@ def unprofiled_update(bench: dict) -> float:
 
 
 def update_shares(bench: dict) -> dict[str, float]:
-    """The shares of the update's time (summing to 1) that were matmul and attention kernels
-    (``arithmetic``), other kernels (``memory``: elementwise, reductions, copies) and time no kernel
-    ran (``host``), from the profiled update (``update_split``) and the median update of the steps
-    after the first that were not profiled (the profiler slows the host, not the kernels). Raises
+    """The shares of the update's time (summing to 1) that matmul kernels ran (``matmul``), attention
+    kernels (``attention``), other kernels (``other``: elementwise, reductions, copies) and no kernel
+    (``host``), from the profiled update (``update_split``) and the median update of the steps after
+    the first that were not profiled (the profiler slows the host, not the kernels). Raises
     ValueError for a JSON measured without --profile-update."""
     split = next((step["update_split"] for step in bench["steps"] if step.get("update_split", {}).get("busy_s")), None)
     if split is None:
         raise ValueError(f"{bench.get('label', 'the JSON')}: no profiled update (measure with ppo_step.py --profile-update)")
     update = unprofiled_update(bench)
-    arithmetic, memory = split["matmul_s"] + split["attention_s"], split["other_s"]
+    kernels = {kind: split[f"{kind}_s"] for kind in ("matmul", "attention", "other")}
     busy = min(split["busy_s"], update)  # kernels that overlap count once: their kinds share busy_s pro rata
-    return {"arithmetic": busy * arithmetic / (arithmetic + memory) / update,
-            "memory": busy * memory / (arithmetic + memory) / update, "host": (update - busy) / update}
+    shares = {kind: busy * seconds / sum(kernels.values()) / update for kind, seconds in kernels.items()}
+    return shares | {"host": (update - busy) / update}
 
 
 def check(fast: dict, slow: dict) -> dict[str, float]:
     """The estimate's assumption against a measurement where arithmetic bounds the update: ``fast``
     measured with TF32 and profiled, ``slow`` the same config with TF32 off. Two predictions: this
     script's own (``estimate`` scales the recipe's whole update by the rate ratio) and one that
-    scales only the matmul kernels' share of it (the profile's split) and keeps the rest."""
+    scales only the matmul kernels' share of it (the profile's split) and keeps the rest: TF32 is a
+    matmul precision, so attention (float32 memory-efficient kernels, CUDA cores either way), other
+    kernels and the host take what they took."""
     shares, update = update_shares(fast), unprofiled_update(fast)
     ratio = CARDS[fast["card"]][2] / PLAIN_FP32[fast["card"]]
     measured = unprofiled_update(slow)
-    by_share = update * (shares["arithmetic"] * ratio + shares["memory"] + shares["host"])
+    by_share = update * (shares["matmul"] * ratio + shares["attention"] + shares["other"] + shares["host"])
     return {"update_tf32_s": update, "rate_ratio": ratio, **{f"share_{k}": v for k, v in shares.items()},
             "measured_s": measured, "predicted_s": update * ratio, "error": update * ratio / measured - 1,
             "predicted_by_share_s": by_share, "error_by_share": by_share / measured - 1}
