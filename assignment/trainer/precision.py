@@ -88,8 +88,8 @@ def cudnn_attention_safe(model_dtype: str, train_dtype: str | None) -> bool:
     below about -88.7 (pytorch/pytorch#196678; TRL bisected its Qwen2.5-0.5B NaNs to it, trl#7181).
     Qwen2.5's attention sinks give such rows in every batch, so 1 minibatch in 128 (by its length)
     poisons its optimizer step: 13 of 116 steps of the float16 16 GB run skipped, 2 of 192 of the
-    bfloat16 24 GB one. ``benchmarks/cudnn_attention_nan.py`` shows it (H200, torch 2.11: NaN at
-    704 and 832 columns, in float16 and bfloat16 alike; none from the memory-efficient kernel,
+    bfloat16 24 GB one. Reproduced with Qwen's attention shape on an H200 (torch 2.11: NaN at 704
+    and 832 columns, in float16 and bfloat16 alike; none from the memory-efficient kernel,
     PyTorch's next choice, which needs no more memory). float32 never runs cuDNN's attention."""
     return model_dtype == "float32" and train_dtype is None
 
