@@ -140,8 +140,8 @@ def across_seeds(reports: Path = REPORTS, configs: Path = ROOT / "configs") -> s
                 for method, (config, folders) in ABLATION.items()}
     lines = []
     if any(len(runs) > 1 for runs, _ in gathered.values()):
-        lines += [f"Across seeds (one GPU per run; mean and, in brackets, the lowest and highest of the seeds present; "
-                  f"significant: exact McNemar p < 0.05):", "",
+        lines += ["Across seeds (one GPU per run; mean and, in brackets, the lowest and highest of the seeds present; "
+                  "significant: exact McNemar p < 0.05):", "",
                   "| method | seeds | greedy accuracy after | change, points | significant gains | "
                   "wrong answers' greedy length, before -> after |", "|---|---|---|---|---|---|"]
         for method, (runs, _) in gathered.items():
@@ -170,10 +170,10 @@ def across_seeds(reports: Path = REPORTS, configs: Path = ROOT / "configs") -> s
     absent = []
     for method, (_, missing) in gathered.items():
         for why in dict.fromkeys(missing.values()):  # the method's seeds grouped by why they are absent
-            seeds = [seed for seed, reason in missing.items() if reason == why]
-            folders = ", ".join(f"`{reports.name}/{ABLATION[method][1][seed]}`" for seed in seeds)
-            absent.append(f"{ALGORITHM_NAMES[method]} seed{'s' if len(seeds) > 1 else ''} "
-                          f"{_listing([str(seed) for seed in seeds])} ({folders}): {why}")
+            numbers = [seed for seed, reason in missing.items() if reason == why]
+            folders = ", ".join(f"`{reports.name}/{ABLATION[method][1][seed]}`" for seed in numbers)
+            absent.append(f"{ALGORITHM_NAMES[method]} seed{'s' if len(numbers) > 1 else ''} "
+                          f"{_listing([str(seed) for seed in numbers])} ({folders}): {why}")
     lines.append("Seeds absent: " + ("none." if not absent else "; ".join(absent) + "."))
     return "\n".join(lines) + "\n"
 
@@ -212,8 +212,8 @@ def recipe_runs(reports: Path = REPORTS, config: Path = RECIPE) -> tuple[list[Se
 
 def recipe_spread(reports: Path = REPORTS, config: Path = RECIPE, goal: float = GOAL_POINTS) -> str:
     """The recipe's runs as Markdown: one row each, then their mean, range and share reaching ``goal``
-    points; the planned seeds (``RECIPE_PLANNED``) whose folder does not exist yet, and any folder
-    of the recipe that cannot be read."""
+    points; each planned seed (``RECIPE_PLANNED``) that does not count, and why; and any folder of
+    the recipe that cannot be read."""
     runs, unreadable = recipe_runs(reports, config)
     lines = [f"Every committed run of `{config.parent.name}/{config.name}` (`python -m course.seeds recipe`):", "",
              "| run | seed | processes | greedy accuracy before -> after | change, points | improved / regressed, p |",
@@ -231,10 +231,10 @@ def recipe_spread(reports: Path = REPORTS, config: Path = RECIPE, goal: float = 
                      if repeated else "") + f"): change {statistics.mean(gains):+.1f} points on average, from "
                   f"{min(gains):+.1f} to {max(gains):+.1f}; {reaching} of {len(runs)} runs reach {goal:+.0f} points "
                   f"({reaching / len(runs):.0%})."]
-    absent = [f"seed {seed} (`{reports.name}/{name}`)" for seed, name in RECIPE_PLANNED.items()
-              if not (reports / name).is_dir()]
-    if absent:
-        lines += ["", f"Not run yet: {_listing(absent)}."]
+    _, missing = gather({seed: reports / name for seed, name in RECIPE_PLANNED.items()}, config)
+    if missing:
+        lines.append("")
+        lines += [f"Seed {seed} (`{reports.name}/{RECIPE_PLANNED[seed]}`): {why}." for seed, why in missing.items()]
     lines += [f"Unreadable, not counted: `{name}` ({why})." for name, why in unreadable.items()]
     return "\n".join(lines) + "\n"
 

@@ -105,7 +105,10 @@ def test_the_recipes_spread_counts_every_run_of_its_config(tmp_path):
     assert "| four_gpus | 0 | 4 |" in text and "| other |" not in text
     assert ("3 runs of 2 seeds (0, 1; seed 0 more than once, on different numbers of processes): change +41.7 points "
             "on average, from +0.0 to +75.0; 2 of 3 runs reach +40 points (67%).") in text
-    assert "Not run yet: seed 3 (`reports/gsm8k_qwen_coder_seed3`) and seed 4 (`reports/gsm8k_qwen_coder_seed4`)." in text
+    assert "Seed 3 (`reports/gsm8k_qwen_coder_seed3`): not run yet.\nSeed 4 (`reports/gsm8k_qwen_coder_seed4`): not run yet." in text
+    write_run(reports, "gsm8k_qwen_coder_seed3", {"ppo": {"lr": 0.002}}, 3, [0] * 4, [1] * 4, [5] * 4)  # misnamed
+    assert "Seed 3 (`reports/gsm8k_qwen_coder_seed3`): not counted: its config is not recipe.yaml with train.seed 3 " \
+           "(ppo.lr)." in seeds.recipe_spread(reports, config, goal=40)
 
 
 def test_a_page_without_markers_is_refused():
