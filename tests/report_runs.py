@@ -5,26 +5,11 @@ quote them read with their wrapped lines joined."""
 import json
 from pathlib import Path
 
-import yaml
-from omegaconf import OmegaConf
-
-from assignment.trainer.config import Config, load_config
 from assignment.trainer.runlog import read_jsonl
 from assignment.trainer.stats import McNemar, mcnemar_exact
+from course.committed import RUN_CONTROL, run_config, shipped_config
 
-# Where the run was, not what it computed: the device's paths and how the run was split into calls.
-# Keys that say where a run's files go, how long a call may run, where the model and data are, or
-# whether the card may start it (train.min_gpu_memory_gib: a check before loading): none changes
-# what the run computes.
-RUN_CONTROL = {"train.output_dir", "train.time_limit_s", "train.final_checkpoint", "model.name", "model.gguf_file",
-               "data.local_dir", "train.min_gpu_memory_gib"}
-
-
-def flat(tree: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in tree.items():
-        out.update(flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
-    return out
+__all__ = ["RUN_CONTROL", "changed_keys", "joined", "rescored"]
 
 
 def rescored(folder: Path) -> tuple[McNemar, dict]:
@@ -47,13 +32,9 @@ def joined(path: Path) -> str:
 
 def changed_keys(folder: Path, config: str, monkeypatch) -> tuple[set[str], dict]:
     """The keys whose value in the folder's config.yaml differs from the shipped ``config``'s (read
-    without the device's environment), after checking both have the same keys; and the run's values."""
+    without the device's environment; a key added to the schema since the run takes its default,
+    which is what the code before it did); and the run's values."""
     for name in ("MODEL_DIR", "MODEL_GGUF", "GSM8K_DIR"):
         monkeypatch.delenv(name, raising=False)
-    ran = flat(yaml.safe_load((folder / "config.yaml").read_text()))
-    shipped = flat(OmegaConf.to_container(OmegaConf.structured(load_config(config))))
-    assert ran.keys() <= shipped.keys(), ran.keys() - shipped.keys()
-    # A key added to the schema since the run takes its default, which is what the code before it did.
-    defaults = flat(OmegaConf.to_container(OmegaConf.structured(Config)))
-    ran = {key: ran.get(key, defaults[key]) for key in shipped}
+    ran, shipped = run_config(folder), shipped_config(Path(config))
     return {k for k in ran if ran[k] != shipped[k]}, ran

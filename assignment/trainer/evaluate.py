@@ -4,8 +4,9 @@ The answer is read exactly as the reward reads it (``reward.answer_format``: ``#
 and/or ``\\boxed{<number>}``, see ``assignment.trainer.reward``). Each problem's record holds
 ``question``, ``reference``, ``response``, ``answer`` (the extracted normalised number, or None),
 ``correct``, and also ``marker`` (which marker held the answer), ``length`` (response tokens,
-EOS included) and ``finished`` (ended with EOS). Every summary figure is computed from these
-records (``summarize``), so it can be recomputed from the saved files.
+EOS included) and ``finished`` (ended with EOS). ``correct`` is the true outcome whatever
+``reward.kind`` the run trained on: a control run is evaluated on the task. Every summary figure
+is computed from these records (``summarize``), so it can be recomputed from the saved files.
 
 ``evaluate_batches`` yields the records batch by batch, so the trainer can write each batch as
 it finishes and continue an interrupted evaluation where it stopped.
@@ -80,6 +81,9 @@ def evaluate_batches(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizer
     """Greedy responses to ``problems``, ``eval.batch_size`` at a time: the records of each batch.
     Decoded by ``sampler`` (eval.model=sampler: the 16-bit copy) if given, else by the policy."""
     size, decoding = cfg.eval.batch_size, eval_rollout_config(cfg)
+    # The records keep the true outcome whatever reward.kind trained the run (a control's coin has no
+    # step here); no record holds the reward.
+    task = dataclasses.replace(cfg.reward, kind="correct")
     for start in range(0, len(problems), size):
         chunk = problems[start:start + size]
         prompts = render_prompts(tokenizer, [problem.question for problem in chunk], cfg.data)
@@ -88,7 +92,7 @@ def evaluate_batches(policy: PolicyWithValueHead, tokenizer: PreTrainedTokenizer
         texts = tokenizer.batch_decode(responses.response_ids, skip_special_tokens=True)
         records = []
         for problem, text, length, finished in zip(chunk, texts, lengths, responses.finished.tolist()):
-            scored = score(text, problem.answer, finished, length, cfg.reward)
+            scored = score(text, problem.answer, finished, length, task)
             records.append({"question": problem.question, "reference": problem.answer, "response": text,
                             "answer": scored.answer, "correct": scored.correct, "marker": scored.marker,
                             "length": int(length), "finished": bool(finished)})

@@ -66,7 +66,7 @@ from assignment.trainer.precision import MixedPrecision, cudnn_attention_safe
 from assignment.trainer.ppo import (FIRST_CLIPFRAC_CAUSES, FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance,
                                    guard_advantages, kl_penalties, ppo_update, process_minibatches, sampler_mismatch,
                                    sequence_kl)
-from assignment.trainer.reward import Score, score
+from assignment.trainer.reward import Score, control_draw, score
 from assignment.trainer.rollout import Rollout, Sample, collect, generation_copy, refresh_copy, render_prompts
 from assignment.trainer.runlog import (EVAL_RECORDS, EVALS, METRICS, SAMPLES, Progress, RunLogger, eval_records_path,
                                        plot_run, read_jsonl)
@@ -248,7 +248,7 @@ def setup_run(cfg: Config, out: Path, resume: bool, progress: Progress, deadline
         torch.set_float32_matmul_precision("high")  # float32 weights, TF32 matmuls
         if not cudnn_attention_safe(cfg.model.dtype, cfg.model.train_dtype):
             torch.backends.cuda.enable_cudnn_sdp(False)  # its 16-bit backward gives NaN (cudnn_attention_safe)
-    progress.record(**cap_gpu_memory(device, cfg.train.max_gpu_memory_gib))
+    progress.record(reward_kind=cfg.reward.kind, **cap_gpu_memory(device, cfg.train.max_gpu_memory_gib))
     seed_everything(cfg.train.seed)
     tokenizer = load_tokenizer(cfg.model)
     policy, ref = build_models(cfg.model, tokenizer, cfg.train.seed, device)
@@ -385,7 +385,8 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     problems = training_batch(cfg.data, run.problems["train"], cfg.rollout.batch_size // group_size, cfg.train.seed,
                               step, run.curriculum.level)
     problems = [problem for problem in problems for _ in range(group_size)]
-    problems = problems[run.dist.shard(len(problems))]  # this process's share of the global batch
+    share = run.dist.shard(len(problems))  # this process's share of the global batch: its rows' places in it
+    problems = problems[share]
     prompts = render_prompts(run.tokenizer, [problem.question for problem in problems], cfg.data)
     if run.parking is not None:
         run.parking.unpark()
@@ -397,7 +398,8 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     response_mask = rollout.sample.response_mask  # (B, T)
     # 2. Score each whole response -> final_rewards (B,).
     texts = run.tokenizer.batch_decode(rollout.sample.response_ids, skip_special_tokens=True)
-    scores = score_responses(texts, problems, rollout.sample, cfg.reward)
+    draws = [control_draw(cfg.train.seed, step, index) for index in range(share.start, share.stop)]
+    scores = score_responses(texts, problems, rollout.sample, cfg.reward, draws)
     final_rewards = torch.tensor([scored.reward for scored in scores], dtype=torch.float32, device=run.device)
     # Data-parallel: from here to the update, the whole batch (every process's rows, the same everywhere).
     mine, rollout = rollout, whole_rollout(run.dist, rollout, run.tokenizer.pad_token_id)
@@ -506,11 +508,13 @@ def warn_first_clipfrac(run: Run, step: int, metrics: dict[str, float]) -> None:
                    f"{FIRST_CLIPFRAC_CAUSES}")
 
 
-def score_responses(texts: list[str], problems: list[Problem], responses: Sample, cfg: RewardConfig) -> list[Score]:
-    """The reward of each decoded response against its problem's reference answer."""
+def score_responses(texts: list[str], problems: list[Problem], responses: Sample, cfg: RewardConfig,
+                    draws: list[float]) -> list[Score]:
+    """The reward of each decoded response against its problem's reference answer; ``draws``: each
+    response's ``reward.control_draw`` (read by the random control alone)."""
     lengths = responses.response_mask.sum(dim=-1).tolist()  # (B,) real tokens, EOS included
-    return [score(text, problem.answer, bool(finished), int(length), cfg)
-            for text, problem, finished, length in zip(texts, problems, responses.finished.tolist(), lengths)]
+    return [score(text, problem.answer, bool(finished), int(length), cfg, draw)
+            for text, problem, finished, length, draw in zip(texts, problems, responses.finished.tolist(), lengths, draws)]
 
 
 def rollout_metrics(rollout: Rollout, final_rewards: torch.Tensor, scores: list[Score],

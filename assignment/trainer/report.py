@@ -180,6 +180,8 @@ def summarize(run_dir: Path, staging_seconds: float | None = None, pair: tuple |
         "early_stops": int(sum(m.get("stats/early_stop", 0) for m in metrics)),
         "skipped_updates": int(sum(m.get("stats/update_skipped", 0) for m in metrics)),
         "answer_format": cfg.reward.answer_format, "seconds": seconds,
+        # what the training reward paid for (reward.kind: correct, or a control), and the random control's p
+        "reward_kind": cfg.reward.kind, "reward_random_p": cfg.reward.random_p if cfg.reward.kind == "random" else None,
         # None where the run logged no GPU memory (CPU runs, runs from before it was logged)
         "peak_memory_gib_step": _max(metrics, "memory/peak_memory_gib"),
         "peak_memory_gib_eval": _max(read_jsonl(run_dir / EVALS), "eval/peak_memory_gib"),
@@ -228,7 +230,7 @@ def _headline(summary: dict, run_dir: Path) -> list[str]:
                if t["invocations_without_time"] else "")
     algorithm = {"ppo": "PPO", "grpo": "GRPO", "dr_grpo": "Dr. GRPO"}[s.get("algorithm", "ppo")]
     return [f"# {algorithm} run report: {run_dir.name}", "", f"**Card: {_machine(s['card'], s['world_size'])}.** Every figure below is computed from the "
-            "files of the folder beside this report (`summary.json` lists them).", "",
+            "files of the folder beside this report (`summary.json` lists them).", "", *_control_note(s),
             "| figure | value |", "|---|---|",
             f"| greedy accuracy, {_problems(s)} | {s['accuracy_before']:.4f} -> {s['accuracy_after']:.4f} "
             f"({s['improved']} improved, {s['regressed']} regressed; exact McNemar p = {s['mcnemar_p']:.3g}) |",
@@ -245,6 +247,19 @@ def _headline(summary: dict, run_dir: Path) -> list[str]:
             f"| seconds per PPO step (median of rollout + update) | {s['seconds_per_step_median']:.1f} |",
             f"| wall time | staging {staging}; training {t['training']:.0f} s; evaluation {t['evaluation']:.0f} s; "
             f"other (loading, checkpoints) {t['other']:.0f} s; run total {t['wall']:.0f} s{missing} |", ""]
+
+
+def _control_note(s: dict) -> list[str]:
+    """For a run trained under a reward control (reward.kind), what its training reward paid for;
+    nothing for the task's reward (a summary from before the kind was recorded: the task's)."""
+    kind = s.get("reward_kind", "correct")
+    if kind == "correct":
+        return []
+    paid = {"random": f"a coin of probability {s.get('reward_random_p')} drawn from the seed, the step and the "
+                      "response's place in the batch, whatever the response said",
+            "format": "any answer found, whatever its value"}[kind]
+    return [f"**Reward control: `reward.kind={kind}`.** The training reward paid for {paid}; the sampled correct rate "
+            "and every greedy accuracy below are the true outcomes.", ""]
 
 
 def _cap(s: dict) -> str:

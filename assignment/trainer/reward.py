@@ -20,13 +20,26 @@ Why the shaping knobs: with a bonus for *any* well-formed answer, PPO on GSM8K l
 the reasoning: responses shrank from ~160 to ~15 tokens and the format rate rose from 8% to
 90% while accuracy stayed near 1% (measured on SmolLM2-135M). ``format_bonus_when`` pays the
 bonus only after some reasoning (or only when correct), so the cheapest way to the bonus is
-no longer to drop the work. References: the GSM8K paper (Cobbe et al. 2021) for the format;
+no longer to drop the work.
+
+The controls (``reward.kind``): ``correct`` pays ``reward.correct`` for a right answer (the task);
+``random`` pays it with probability ``reward.random_p``, by a coin drawn from the run's seed, the
+step and the response's index in the batch (``control_draw``), and ``format`` for any answer found,
+whatever its value. A run under a control that ends as far from its start as the task's run did
+shows that training, not the answer key, moved it. Only the ``correct`` term changes: the format
+bonus, the truncation reward and the per-token reward pay as configured under every kind, so a
+control differs from its base run in that term alone (the GSM8K recipe sets all three to 0: there
+the random control's reward says nothing of the response, and the format control's is 1 exactly
+when an answer is found). ``Score.correct`` is the true outcome under every kind.
+
+References: the GSM8K paper (Cobbe et al. 2021) for the format;
 TinyZero/verl's ``gsm8k.py`` reward (strict ``####`` extraction plus a format score); Qwen2.5-Math's
 ``\\boxed{}`` chain-of-thought prompt.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
@@ -94,6 +107,16 @@ def reasoning_words(text: str, answer_format: str = "last_of_both") -> int:
     return len((text[:answer.start] if answer else text).split())
 
 
+def control_draw(seed: int, step: int, index: int) -> float:
+    """A number in [0, 1), uniform over (seed, step, index) triples and fixed by them alone: the
+    random control's coin for response ``index`` (its place in the whole batch of PPO step
+    ``step``) of the run seeded ``seed``. A hash, not a generator's stream: drawing it moves none
+    of Python's, numpy's or torch's generators, so the run samples the responses it would sample
+    under any other kind, and every process and a resumed run draw the same coin."""
+    digest = hashlib.blake2b(f"{seed}/{step}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2 ** 64
+
+
 @dataclass(frozen=True)
 class Score:
     """The reward of one response and the facts it was computed from."""
@@ -106,7 +129,8 @@ class Score:
     marker: str | None = None  # "####", "boxed" or None
 
 
-def score(response: str, reference: str, finished: bool, num_tokens: int, cfg: RewardConfig) -> Score:
+def score(response: str, reference: str, finished: bool, num_tokens: int, cfg: RewardConfig,
+          draw: float | None = None) -> Score:
     """Score one response against the reference answer.
 
     Args:
@@ -115,14 +139,30 @@ def score(response: str, reference: str, finished: bool, num_tokens: int, cfg: R
         finished: whether the response ended with EOS (False: cut at max_new_tokens).
         num_tokens: the response's number of real tokens, EOS included.
         cfg: the reward section of the config.
+        draw: the response's ``control_draw``; needed by ``reward.kind`` random only (the coin
+            pays when ``draw < cfg.random_p``).
     """
     answer = find_answer(response, cfg.answer_format)
     formatted = answer is not None
     correct = formatted and answer.value == reference
     reasoning = len((response[:answer.start] if answer else response).split()) >= cfg.min_reasoning_words
     bonus_due = formatted and {"always": True, "reasoning": reasoning, "correct": correct}[cfg.format_bonus_when]
-    reward = cfg.correct * correct + cfg.format_bonus * bonus_due + cfg.per_token_reward * num_tokens
+    reward = (cfg.correct * paid(cfg, correct, formatted, draw) + cfg.format_bonus * bonus_due
+              + cfg.per_token_reward * num_tokens)
     if not finished:
         reward += cfg.truncation_reward
     return Score(float(reward), correct, formatted, reasoning, answer.value if answer else None,
                  answer.marker if answer else None)
+
+
+def paid(cfg: RewardConfig, correct: bool, formatted: bool, draw: float | None) -> bool:
+    """Whether the ``correct`` term pays, under ``cfg.kind`` (the module docstring)."""
+    if cfg.kind == "correct":
+        return correct
+    if cfg.kind == "format":
+        return formatted
+    if cfg.kind == "random":
+        if draw is None:
+            raise ValueError("reward.kind random needs the response's control_draw(seed, step, index)")
+        return draw < cfg.random_p
+    raise ValueError(f"reward.kind must be correct, random or format, got '{cfg.kind}'")

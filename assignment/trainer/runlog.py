@@ -276,13 +276,16 @@ COMPARED = (("rollout/reward_mean", "training reward (batch mean)"),
 
 def run_label(out: Path) -> str:
     """A run's name in a comparison: its folder, and its algorithm where it has a config.yaml (one
-    written before Part II names none: those runs were PPO)."""
+    written before Part II names none: those runs were PPO), with its reward control if it trained
+    under one (reward.kind other than correct)."""
     config = out / "config.yaml"
     if not config.is_file():
         return out.name
     from omegaconf import OmegaConf  # lazily: this module imports without the trainer's dependencies
 
-    return f"{out.name} ({OmegaConf.load(config).get('algorithm', 'ppo')})"
+    saved = OmegaConf.load(config)
+    kind = saved.get("reward", {}).get("kind", "correct")
+    return f"{out.name} ({saved.get('algorithm', 'ppo')}{'' if kind == 'correct' else f', reward.kind {kind}'})"
 
 
 def draw_comparison(runs: list[tuple[str, list[dict[str, Any]]]]) -> Any:

@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The GPU runs behind the reward controls and Part II across seeds: 8 whole runs of the GSM8K
+# configs, one per GPU, in batches of as many runs as the machine has GPUs (4 GPUs: two batches, 2
+# GPUs: four). Modelled on small_cards_lease.sh; nothing here has run on a GPU yet.
+#
+#   bash benchmarks/gsm8k_seeds_lease.sh plan [BATCH]   # print what each GPU of a batch runs (all batches
+#                                                       # without BATCH); needs no GPU
+#   bash benchmarks/gsm8k_seeds_lease.sh start BATCH    # copy the tree to $HOME/w, start the batch's
+#                                                       # queues (BATCH counts from 1), return
+#   bash benchmarks/gsm8k_seeds_lease.sh watch          # print progress for WATCH_S seconds (default 540),
+#                                                       # then pack what is done into $OUT/results.tar.gz
+#
+# Run from the repository root on the GPU machine, after `. $HOME/ppo-stage/env.sh` (device-stage
+# qwen-coder: the model and GSM8K). GPUS sets the batch size (default: the GPUs nvidia-smi lists).
+# The queues run from a copy of the tree outside the repository (the device tool replaces the
+# working tree between calls), each in a process group of its own (setsid), so that they outlive
+# the call. Each queue runs its run whole (no time limit, no final checkpoint: neither changes
+# what the run computes), then its report into $HOME/r/reports/NAME.md and the folder
+# $HOME/r/reports/NAME, under the names course.seeds and course.controls read:
+#
+#   batch 1 of 4 GPUs: the random and format controls, the recipe's seeds 3 and 4;
+#   batch 2: GRPO's and Dr. GRPO's seeds 1 and 2 (2 GPUs: the same order, two runs a batch).
+#
+# A whole run of the recipe took 11 min on an H200 with both evaluations; `watch` again until every
+# queue says done. Then, on the CPU machine, from the repository root, with the tar unpacked in FILES:
+#
+#   cp -r FILES/reports/. reports/
+#   python -m course.controls reports/gsm8k_control_random.md --recipe reports/gsm8k_qwen_coder
+#   python -m course.controls reports/gsm8k_control_format.md --recipe reports/gsm8k_qwen_coder
+#   python -m course.seeds ablation && python -m course.seeds recipe
+set -uo pipefail
+W=$HOME/w
+R=$HOME/r
+PYTHON=${PYTHON:-python3}
+# NVLink multicast stays off in every process (the machine's rule).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+
+# NAME CONFIG OVERRIDES...: the report's name, the config in configs/, what differs from it (the seed).
+RUNS=(
+  "gsm8k_control_random gsm8k_control_random.yaml"
+  "gsm8k_control_format gsm8k_control_format.yaml"
+  "gsm8k_qwen_coder_seed3 gsm8k_qwen_coder.yaml train.seed=3"
+  "gsm8k_qwen_coder_seed4 gsm8k_qwen_coder.yaml train.seed=4"
+  "gsm8k_qwen_coder_grpo_seed1 gsm8k_qwen_coder_grpo.yaml train.seed=1"
+  "gsm8k_qwen_coder_grpo_seed2 gsm8k_qwen_coder_grpo.yaml train.seed=2"
+  "gsm8k_qwen_coder_dr_grpo_seed1 gsm8k_qwen_coder_dr_grpo.yaml train.seed=1"
+  "gsm8k_qwen_coder_dr_grpo_seed2 gsm8k_qwen_coder_dr_grpo.yaml train.seed=2"
+)
+
+gpus() { echo "${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}"; }
+
+batches() { local g; g=$(gpus); echo $(( (${#RUNS[@]} + g - 1) / g )); }
+
+check() {  # check BATCH: refuse a GPU count or a batch number that names no runs
+  local g; g=$(gpus)
+  if ! [[ $g =~ ^[1-9][0-9]*$ ]]; then
+    echo "no GPU to run on (GPUS='$g'; nvidia-smi lists none): set GPUS to the GPUs of the machine" >&2; return 2
+  fi
+  if ! [[ ${1:-} =~ ^[1-9][0-9]*$ ]] || [ "$1" -gt "$(batches)" ]; then
+    echo "BATCH must be 1 to $(batches) on $g GPUs, got '${1:-}'" >&2; return 2
+  fi
+}
+
+run() {  # run NAME CONFIG OVERRIDES...: the whole run, then (if it finished) its report
+  local name=$1 config=$2; shift 2
+  echo "$PYTHON -m assignment.trainer --config configs/$config --impl solutions/exercises.py \
+train.output_dir=$R/$name train.time_limit_s=null train.final_checkpoint=false${*:+ $*} && \
+$PYTHON -m assignment.trainer --report $R/$name --report-out $R/reports/$name.md${STAGING_S:+ --staging-seconds $STAGING_S}"
+}
+
+batch_runs() {  # batch_runs BATCH (checked): the RUNS indices of that batch, one per GPU, in GPU order
+  local b=$1 g last; g=$(gpus); last=$(( b * g - 1 < ${#RUNS[@]} - 1 ? b * g - 1 : ${#RUNS[@]} - 1 ))
+  seq $(( (b - 1) * g )) "$last"
+}
+
+plan() {  # plan BATCH (checked): "GPU i: command" for each run of the batch
+  local gpu=0 index
+  for index in $(batch_runs "$1"); do
+    # shellcheck disable=SC2086  # a run's words: its name, config and overrides
+    echo "GPU $gpu: $(run ${RUNS[$index]})"; gpu=$((gpu + 1))
+  done
+}
+
+queue() {  # queue GPU COMMAND: the command on that GPU, logged, then a marker
+  local gpu=$1 command=$2 script=$R/queue$1.sh
+  { echo "cd $W; export CUDA_VISIBLE_DEVICES=$gpu"
+    echo "echo \"== \$(date +%T) $command\"; $command; echo \"== rc \$?\""
+    echo "touch $R/done$gpu"; } > "$script"
+  setsid nohup bash "$script" > "$R/gpu$gpu.log" 2>&1 < /dev/null &
+}
+
+case "${1:-}" in
+  plan)
+    if [ -n "${2:-}" ]; then check "$2" || exit 2; plan "$2"; exit 0; fi
+    check 1 || exit 2
+    for b in $(seq 1 "$(batches)"); do echo "--- batch $b of $(batches) ($(gpus) GPUs)"; plan "$b"; done
+    ;;
+  start)
+    check "${2:-}" || exit 2
+    if ls "$R"/queue*.sh > /dev/null 2>&1 && [ "$(ls "$R"/done* 2>/dev/null | wc -l)" -lt "$(ls "$R"/queue*.sh | wc -l)" ]; then
+      echo "a batch is still running in $R: watch it to its end first" >&2; exit 2
+    fi
+    # an earlier batch's runs and reports stay in $R (and in the next tar); its queues and logs go
+    mkdir -p "$R/reports" "$R/logs"
+    for f in "$R"/gpu*.log; do [ -f "$f" ] && mv "$f" "$R/logs/$(date +%s)_$(basename "$f")"; done
+    rm -rf "$W" "$R"/queue*.sh "$R"/done*; mkdir -p "$W"
+    cp -r assignment solutions configs pyproject.toml "$W/"
+    { nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
+      $PYTHON -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+    } > "$R/gpu.txt" 2>&1
+    gpu=0
+    for index in $(batch_runs "$2"); do
+      # shellcheck disable=SC2086
+      queue $gpu "$(run ${RUNS[$index]})"; gpu=$((gpu + 1))
+    done
+    cat "$R/gpu.txt"; echo "started batch $2 of $(batches): $gpu queues"
+    ;;
+  watch)
+    queues=$(ls "$R"/queue*.sh 2>/dev/null | wc -l)
+    end=$((SECONDS + ${WATCH_S:-540}))
+    while [ $SECONDS -lt $end ] && [ "$(ls "$R"/done* 2>/dev/null | wc -l)" -lt "$queues" ]; do sleep "${POLL_S:-15}"; done
+    for ((gpu = 0; gpu < queues; gpu++)); do
+      echo "--- GPU $gpu $( [ -f "$R/done$gpu" ] && echo done || echo running)"
+      grep -E "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |^wrote|Error|error|WARNING" "$R/gpu$gpu.log" | tail -6
+    done
+    # what comes back: every run folder without checkpoints, the reports, the logs
+    tar -C "$R" --exclude='checkpoint*' --exclude='tb' -czf "${OUT:-/tmp}/results.tar.gz" . 2>/dev/null
+    ls -la "${OUT:-/tmp}/results.tar.gz"
+    ;;
+  *) echo "usage: $0 plan [BATCH] | start BATCH | watch" >&2; exit 2 ;;
+esac
