@@ -27,6 +27,9 @@
 # PLAN evening (2 GPUs): the 24 GB profile's whole run in bfloat16 (GPU 0); beside it (GPU 1) the step
 #   benchmarks of both profiles in bfloat16 compiled by layer (model.compile_scope), the recipe in
 #   float32 with TF32 and without (the card model's check), the 24 GB profile in float32 by layer
+# PLAN sixteen (2 GPUs), with cuDNN's attention off in 16-bit training: the 16 GB profile's whole
+#   runs in float16 (GPU 0) and bfloat16 (GPU 1), then each card benchmarks a bfloat16 profile for
+#   10 steps (past the warm-up the 4-step benchmarks measured)
 set -uo pipefail
 W=$HOME/w
 R=$HOME/r
@@ -91,10 +94,16 @@ plan_evening() {
     "$(bench 24gb_fp32_layer gsm8k_qwen_coder_24gb.yaml '24 GB profile, float32, compiled by layer' --profile-update \
       model.compile_scope=layer)"
 }
+plan_sixteen() {
+  queue 0 "$(run 16gb_float16 16gb $FP16_16)" \
+    "$(bench 24gb_bf16 gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16, cuDNN attention off' --steps 10 --profile-update $BF16_24)"
+  queue 1 "$(run 16gb 16gb $BF16_16)" \
+    "$(bench 16gb_bf16 gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16, cuDNN attention off' --steps 10 --profile-update $BF16_16)"
+}
 
 case "${1:-}" in
   start)
-    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening" >&2; exit 2; }
+    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening|sixteen" >&2; exit 2; }
     rm -rf "$W" "$R"; mkdir -p "$W" "$R/bench"
     cp -r assignment solutions configs benchmarks pyproject.toml "$W/"
     nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpu.txt"
@@ -111,5 +120,5 @@ case "${1:-}" in
     tar -C "$R" --exclude='checkpoint*' --exclude='run_*' --exclude='tb' -czf "${OUT:-/tmp}/results.tar.gz" . 2>/dev/null
     ls -la "${OUT:-/tmp}/results.tar.gz"
     ;;
-  *) echo "usage: $0 start x4|diagnose|evening, or $0 watch" >&2; exit 2 ;;
+  *) echo "usage: $0 start x4|diagnose|evening|sixteen, or $0 watch" >&2; exit 2 ;;
 esac

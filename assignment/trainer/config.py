@@ -67,9 +67,10 @@ class ModelConfig:
     # Evaluation and sampling from the policy itself stay eager. Not under FSDP.
     compile: bool = False
     # What model.compile compiles as one function: "part" (each decoder layer's attention, MLP and
-    # norms: 4 compiled calls a layer) or "layer" (the whole decoder layer: 1 call). Each compiled
-    # call costs the host its guards and wrappers, ~0.9 ms measured (H200, 24 GB profile in
-    # bfloat16: 6144 part calls took 5.7 of an update's 9.6 host seconds while its kernels ran 2.5 s).
+    # norms: 4 compiled calls a layer) or "layer" (the whole decoder layer: 1 call, fewer guards and
+    # wrappers for the host to run). Measured on an H200 in bfloat16 (4-step benchmarks, one each):
+    # the 24 GB profile's update 8.86 s by layer against 8.54 by part, the 16 GB one's 13.69 against
+    # 16.76. "part" is what every shipped run was made with.
     compile_scope: str = "part"
     # Release the frozen reference's and the sampler's GPU memory after each rollout and give it
     # back before the next (assignment.trainer.offload): the update, where the step's peak lies,
