@@ -32,8 +32,7 @@ set -uo pipefail
 W=$HOME/w
 R=$HOME/r
 PYTHON=${PYTHON:-python3}
-# NVLink multicast stays off in every process (the machine's rule).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+. "$(dirname "$0")/lease_common.sh"  # queue, record_machine, watch_queues
 
 # NAME CONFIG OVERRIDES...: the report's name, the config in configs/, what differs from it (the seed).
 RUNS=(
@@ -81,14 +80,6 @@ plan() {  # plan BATCH (checked): "GPU i: command" for each run of the batch
   done
 }
 
-queue() {  # queue GPU COMMAND: the command on that GPU, logged, then a marker
-  local gpu=$1 command=$2 script=$R/queue$1.sh
-  { echo "cd $W; export CUDA_VISIBLE_DEVICES=$gpu"
-    echo "echo \"== \$(date +%T) $command\"; $command; echo \"== rc \$?\""
-    echo "touch $R/done$gpu"; } > "$script"
-  setsid nohup bash "$script" > "$R/gpu$gpu.log" 2>&1 < /dev/null &
-}
-
 case "${1:-}" in
   plan)
     if [ -n "${2:-}" ]; then check "$2" || exit 2; plan "$2"; exit 0; fi
@@ -105,9 +96,7 @@ case "${1:-}" in
     for f in "$R"/gpu*.log; do [ -f "$f" ] && mv "$f" "$R/logs/$(date +%s)_$(basename "$f")"; done
     rm -rf "$W" "$R"/queue*.sh "$R"/done*; mkdir -p "$W"
     cp -r assignment solutions configs pyproject.toml "$W/"
-    { nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv 2>/dev/null || echo "no nvidia-smi"
-      $PYTHON -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-    } > "$R/gpu.txt" 2>&1
+    record_machine "$PYTHON"
     gpu=0
     for index in $(batch_runs "$2"); do
       # shellcheck disable=SC2086
@@ -116,16 +105,8 @@ case "${1:-}" in
     cat "$R/gpu.txt"; echo "started batch $2 of $(batches): $gpu queues"
     ;;
   watch)
-    queues=$(ls "$R"/queue*.sh 2>/dev/null | wc -l)
-    end=$((SECONDS + ${WATCH_S:-540}))
-    while [ $SECONDS -lt $end ] && [ "$(ls "$R"/done* 2>/dev/null | wc -l)" -lt "$queues" ]; do sleep "${POLL_S:-15}"; done
-    for ((gpu = 0; gpu < queues; gpu++)); do
-      echo "--- GPU $gpu $( [ -f "$R/done$gpu" ] && echo done || echo running)"
-      grep -E "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |^wrote|Error|error|WARNING" "$R/gpu$gpu.log" | tail -6
-    done
     # what comes back: every run folder without checkpoints, the reports, the logs
-    tar -C "$R" --exclude='checkpoint*' --exclude='tb' -czf "${OUT:-/tmp}/results.tar.gz" . 2>/dev/null
-    ls -la "${OUT:-/tmp}/results.tar.gz"
+    watch_queues "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |^wrote|Error|error|WARNING" 'checkpoint*' 'tb'
     ;;
   *) echo "usage: $0 plan [BATCH] | start BATCH | watch" >&2; exit 2 ;;
 esac

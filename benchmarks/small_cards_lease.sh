@@ -33,8 +33,7 @@
 set -uo pipefail
 W=$HOME/w
 R=$HOME/r
-# NVLink multicast stays off in every process (the machine's rule).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+. "$(dirname "$0")/lease_common.sh"  # queue, record_machine, watch_queues
 
 # The 16-bit versions of the profiles, as overrides of the shipped (float32) profile files.
 BF16_24="model.train_dtype=bfloat16 model.reference_dtype=bfloat16 eval.model=sampler"
@@ -50,15 +49,6 @@ bench() {  # bench NAME CONFIG LABEL ARGS...: ppo_step.py, 4 steps (the first co
   local name=$1 config=$2 label=$3; shift 3
   echo "python3 benchmarks/ppo_step.py --config configs/$config --steps 4 --label '$label' --json $R/bench/$name.json \
 --output-dir $R/bench/run_$name $*"
-}
-
-queue() {  # queue GPU COMMAND...: the commands in order on that GPU, each logged, then a marker
-  local gpu=$1; shift
-  local script=$R/queue$gpu.sh
-  { echo "cd $W; export CUDA_VISIBLE_DEVICES=$gpu"
-    for command in "$@"; do echo "echo \"== \$(date +%T) $command\"; $command; echo \"== rc \$?\""; done
-    echo "touch $R/done$gpu"; } > "$script"
-  setsid nohup bash "$script" > "$R/gpu$gpu.log" 2>&1 < /dev/null &
 }
 
 plan_x4() {
@@ -106,19 +96,13 @@ case "${1:-}" in
     declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening|sixteen" >&2; exit 2; }
     rm -rf "$W" "$R"; mkdir -p "$W" "$R/bench"
     cp -r assignment solutions configs benchmarks pyproject.toml "$W/"
-    nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv > "$R/gpu.txt"
-    python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" >> "$R/gpu.txt"
+    record_machine python3
     "plan_$2"
     cat "$R/gpu.txt"; echo "started: $(ls $R/queue*.sh | wc -l) queues"
     ;;
   watch)
-    end=$((SECONDS + ${WATCH_S:-540}))
-    queues=$(ls $R/queue*.sh | wc -l)
-    while [ $SECONDS -lt $end ] && [ "$(ls $R/done* 2>/dev/null | wc -l)" -lt "$queues" ]; do sleep 15; done
-    for gpu in $(seq 0 $((queues - 1))); do echo "--- GPU $gpu $( [ -f $R/done$gpu ] && echo done || echo running)"; grep -E "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |skipped|Error|error|WARNING" "$R/gpu$gpu.log" | tail -8; done
-    # what came back: every run folder without checkpoints, the benchmarks' JSON, the logs
-    tar -C "$R" --exclude='checkpoint*' --exclude='run_*' --exclude='tb' -czf "${OUT:-/tmp}/results.tar.gz" . 2>/dev/null
-    ls -la "${OUT:-/tmp}/results.tar.gz"
+    # what comes back: every run folder without checkpoints, the benchmarks' JSON, the logs
+    watch_queues "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |skipped|Error|error|WARNING" 'checkpoint*' 'run_*' 'tb'
     ;;
   *) echo "usage: $0 start x4|diagnose|evening|sixteen, or $0 watch" >&2; exit 2 ;;
 esac
