@@ -8,6 +8,7 @@ to the schema after a run takes its default, which is what the code before it di
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,3 +55,18 @@ def shipped_config(path: Path) -> dict[str, Any]:
 def changed(a: dict[str, Any], b: dict[str, Any]) -> set[str]:
     """The keys outside ``RUN_CONTROL`` whose values differ between two flat configs."""
     return {key for key in a.keys() | b.keys() if key not in RUN_CONTROL and a.get(key) != b.get(key)}
+
+
+def write_or_check(path: Path, page: str, updated: str, check: bool, what: str, rerun: str) -> int:
+    """Write ``updated`` (``page`` with its generated part, ``what``, recomputed) to ``path``; with
+    ``check``, write nothing and return 1 if the page on disk is stale (``rerun``: the command that
+    mends it). What the generators of committed pages (course.controls, course.seeds) end with."""
+    if not check:
+        path.write_text(updated)
+        print(f"{path}: wrote {what}")
+        return 0
+    if updated != page:
+        print(f"{path}: stale ({what}): run {rerun}", file=sys.stderr)
+        return 1
+    print(f"{path}: current ({what})")
+    return 0

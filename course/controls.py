@@ -26,7 +26,7 @@ from pathlib import Path
 
 from assignment.trainer.ablation import evaluations
 from assignment.trainer.stats import McNemar, mcnemar_exact
-from course.committed import changed, run_config
+from course.committed import changed, run_config, write_or_check
 
 BEGIN = "<!-- control comparison: written by `python -m course.controls`; edit that, not this -->"
 END = "<!-- end of the control comparison -->"
@@ -154,17 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:  # a missing folder or file, an unreadable one (RunFileError), unpaired problems
         print(f"course.controls: {err}", file=sys.stderr)
         return 2
-    if args.check:
-        if updated != page:
-            print(f"{args.page}: the control comparison is stale: run python -m course.controls without --check",
-                  file=sys.stderr)
-            return 1
-        print(f"{args.page}: the control comparison is current")
-        return 0
-    args.page.write_text(updated)
-    print(f"wrote the control comparison into {args.page}")
-    return 0
-
+    return write_or_check(args.page, page, updated, args.check, "the control comparison",
+                          "python -m course.controls without --check")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -33,7 +33,7 @@ from assignment.trainer.ablation import compare_tables, evaluations
 from assignment.trainer.config import ALGORITHM_NAMES
 from assignment.trainer.runlog import METRICS, REWARD_WINDOW, RunFileError, read_jsonl, run_label
 from assignment.trainer.stats import McNemar, mcnemar_exact
-from course.committed import changed, run_config, shipped_config
+from course.committed import changed, run_config, shipped_config, write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 REPORTS = ROOT / "reports"
@@ -253,17 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, RunFileError, ValueError) as err:
         print(f"course.seeds: {err}", file=sys.stderr)
         return 2
-    if args.check:
-        if updated != page:
-            print(f"{PAGE.relative_to(ROOT)}: the generated tables are stale: run python -m course.seeds ablation",
-                  file=sys.stderr)
-            return 1
-        print(f"{PAGE.relative_to(ROOT)}: the generated tables are current")
-        return 0
-    PAGE.write_text(updated)
-    print(f"wrote the generated tables of {PAGE.relative_to(ROOT)}")
-    return 0
-
+    return write_or_check(PAGE, page, updated, args.check, "the generated tables",
+                          "python -m course.seeds ablation")
 
 if __name__ == "__main__":
     sys.exit(main())
