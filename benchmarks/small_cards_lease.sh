@@ -30,6 +30,13 @@
 # PLAN sixteen (2 GPUs), with cuDNN's attention off in 16-bit training: the 16 GB profile's whole
 #   runs in float16 (GPU 0) and bfloat16 (GPU 1), evaluated in float32, then each card benchmarks a
 #   bfloat16 profile for 10 steps (past the warm-up the 4-step benchmarks measured)
+# PLAN proof (4 GPUs), with cuDNN's attention off in 16-bit training, every run evaluated in float32:
+#   GPU 0: the 24 GB profile's whole run in bfloat16 (again: the first was evaluated in bfloat16)
+#   GPU 1: the 16 GB profile's whole run in bfloat16
+#   GPU 2: the 16 GB profile's whole run in float16 (float16 sampler and reference: a T4's path)
+#   GPU 3: 10-step benchmarks, the last update profiled (past the 16-bit warm-up): the recipe in
+#          float32 (the ratios' baseline on this machine), both profiles in bfloat16, then the
+#          16 GB profile in float32 (its kernels, never profiled: the card estimate's float32 row)
 set -uo pipefail
 W=$HOME/w
 R=$HOME/r
@@ -93,9 +100,19 @@ plan_sixteen() {
     "$(bench 16gb_bf16 gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16, cuDNN attention off' --steps 10 --profile-update $BF16_16)"
 }
 
+plan_proof() {
+  queue 0 "$(run 24gb 24gb $BF16_24 eval.model=null)"
+  queue 1 "$(run 16gb 16gb $BF16_16 eval.model=null)"
+  queue 2 "$(run 16gb_float16 16gb $FP16_16 eval.model=null)"
+  queue 3 "$(bench recipe gsm8k_qwen_coder.yaml 'recipe, float32 (TF32)' --steps 10 --profile-update)" \
+    "$(bench 24gb_bf16 gsm8k_qwen_coder_24gb.yaml '24 GB profile, bfloat16, cuDNN attention off' --steps 10 --profile-update $BF16_24)" \
+    "$(bench 16gb_bf16 gsm8k_qwen_coder_16gb.yaml '16 GB profile, bfloat16, cuDNN attention off' --steps 10 --profile-update $BF16_16)" \
+    "$(bench 16gb_fp32 gsm8k_qwen_coder_16gb.yaml '16 GB profile, float32' --steps 6 --profile-update)"
+}
+
 case "${1:-}" in
   start)
-    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening|sixteen" >&2; exit 2; }
+    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening|sixteen|proof" >&2; exit 2; }
     rm -rf "$W" "$R"; mkdir -p "$W" "$R/bench"
     cp -r assignment solutions configs benchmarks pyproject.toml "$W/"
     record_machine python3
@@ -106,5 +123,5 @@ case "${1:-}" in
     # what comes back: every run folder without checkpoints, the benchmarks' JSON, the logs
     watch_queues "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |skipped|Error|error|WARNING" 'checkpoint*' 'run_*' 'tb'
     ;;
-  *) echo "usage: $0 start x4|diagnose|evening|sixteen, or $0 watch" >&2; exit 2 ;;
+  *) echo "usage: $0 start x4|diagnose|evening|sixteen|proof, or $0 watch" >&2; exit 2 ;;
 esac
