@@ -6,6 +6,7 @@ the CPU, where bfloat16 and float16 both compute."""
 import dataclasses
 import functools
 import math
+import types
 
 import pytest
 import torch
@@ -17,7 +18,8 @@ from assignment.trainer.config import ConfigError, PPOConfig, load_config
 from assignment.trainer.impl import load_impl
 from assignment.trainer.loading import build_models, load_tokenizer
 from assignment.trainer.loop import FINISHED, TIME_LIMIT, train
-from assignment.trainer.ppo import FAR_RATIO, UpdateConfig, first_kl_tolerance, ppo_update, sampler_mismatch
+from assignment.trainer.ppo import (FAR_RATIO, UpdateConfig, first_clipfrac_tolerance, first_kl_tolerance, ppo_update,
+                                    sampler_mismatch)
 from assignment.trainer.precision import LossScaler, MixedPrecision, cudnn_attention_safe, working_copy
 from assignment.trainer.rollout import SampledLogprobs, generation_copy, render_prompts, response_forward, sample
 from assignment.trainer.runlog import read_jsonl
@@ -285,6 +287,46 @@ def gap_bounds(monkeypatch) -> list[tuple[float, float]]:
 
     monkeypatch.setattr(loop, "warn_first_kl", spy)
     return seen
+
+
+def test_16_bit_rounding_may_clip_a_few_first_tokens_but_not_the_share_a_clip_test_counting_ties_gives(capsys):
+    """In 16 bits a few of the first minibatch's tokens may leave the clip range by rounding alone (on
+    the H200, bfloat16 Qwen: clip fractions 8e-4 and 2e-3 with correct code): the first clip-fraction
+    warning allows first_clipfrac_tolerance's Chebyshev share, tolerance^2 / log(1 + eps)^2, and
+    still names a clip test counting ties, which clips ~every token. In float32 it allows none."""
+    half, full = small_policy().to(torch.bfloat16), small_policy()
+    # the run's figures: rms 0.022 (stats/first_kl_tolerance), eps 0.2: 0.022^2 / log(1.2)^2 = 1.46e-2
+    assert first_clipfrac_tolerance(half, 0.022, 0.2) == pytest.approx(0.022 ** 2 / math.log(1.2) ** 2, rel=1e-12)
+    assert first_clipfrac_tolerance(full, 0.022, 0.2) == 0.0
+
+    def warned(policy, clipfrac: float, first_kl: float = 1e-4) -> str:
+        run = types.SimpleNamespace(scorer=policy, first_clipfrac_warned=False)
+        metrics = {"stats/policy_clipfrac_first": clipfrac, "stats/approx_kl_first": first_kl,
+                   "stats/first_kl_tolerance": 0.022}
+        loop.warn_first_clipfrac(run, 3, metrics, 0.2)
+        return capsys.readouterr().out
+
+    assert warned(half, 2e-3) == ""  # what correct code clipped on the H200
+    ties = warned(half, 0.9)
+    assert ties.startswith("[step 3] WARNING: stats/policy_clipfrac_first = 0.9, not 0 (16-bit rounding explains "
+                           "at most 1.5e-02)") and "clip test counts ties" in ties
+    assert warned(full, 2e-3).startswith("[step 3] WARNING: stats/policy_clipfrac_first = 0.002, not 0: ")
+    assert warned(half, 0.9, first_kl=0.5) == ""  # misaligned log-probs: warn_first_kl's warning
+
+
+def test_a_16_bit_run_still_names_a_clip_test_counting_ties(tmp_path, capsys):
+    """The whole loop in bfloat16 with exercise 1's clip test counting ties (tests/corpus.py's
+    policy_clipfrac_ge): its first clip fraction is far above what rounding explains, and the
+    warning is printed at step 1 (the solution's 16-bit runs print none: the test below)."""
+    import corpus
+
+    path = tmp_path / "exercises.py"
+    path.write_text(corpus.render(corpus.by_name("policy_clipfrac_ge")))
+    capsys.readouterr()
+    train(tiny_cfg(tmp_path / "run", "model.train_dtype=bfloat16", "eval.size=0", "train.steps=1"), load_impl(str(path)))
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("[step 1] WARNING: stats/policy_clipfrac_first"), warnings
+    assert "16-bit rounding explains at most" in warnings[0] and "clip test counts ties" in warnings[0]
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -63,7 +63,8 @@ from assignment.trainer.impl import ImplError
 from assignment.trainer.loading import DTYPES, build_models, compile_layers, load_tokenizer
 from assignment.trainer.offload import FrozenParking
 from assignment.trainer.precision import MixedPrecision, cudnn_attention_safe
-from assignment.trainer.ppo import (FIRST_CLIPFRAC_CAUSES, FIRST_KL_CAUSES, KLController, early_stop_bound, first_kl_tolerance,
+from assignment.trainer.ppo import (FIRST_CLIPFRAC_CAUSES, FIRST_KL_CAUSES, KLController, early_stop_bound,
+                                    first_clipfrac_tolerance, first_kl_tolerance,
                                    guard_advantages, kl_penalties, ppo_update, process_minibatches, sampler_mismatch,
                                    sequence_kl)
 from assignment.trainer.reward import Score, control_draw, score
@@ -428,7 +429,7 @@ def ppo_step(run: Run, cfg: Config, impl: ModuleType, step: int) -> tuple[dict[s
     real, sampled = response_mask.bool(), rollout.sample.sampler_logprobs
     sampler_gap = None if sampled is None else (sampled - rollout.logprobs)[real]  # (N,) the 16-bit bound's measure
     warn_first_kl(run, step, update_metrics, rollout.logprobs[real], sampler_gap)
-    warn_first_clipfrac(run, step, update_metrics)
+    warn_first_clipfrac(run, step, update_metrics, cfg.ppo.clip_ratio)
     metrics = {**rollout_metrics(rollout, final_rewards, scores, run.kl_ctl.value), **guard_metrics,
                **update_metrics, "time/rollout": rollout_done - started, "time/update": time.time() - rollout_done,
                **step_peaks(rollout_memory, peak_memory(run.device, "memory/update_"))}
@@ -493,18 +494,21 @@ def warn_first_kl(run: Run, step: int, metrics: dict[str, float], logprobs: torc
                    f"(|approx_kl_first| <= {tolerance:.1e}): {FIRST_KL_CAUSES}")
 
 
-def warn_first_clipfrac(run: Run, step: int, metrics: dict[str, float]) -> None:
-    """Print a warning, once, on the first step whose first minibatch clipped tokens while its
-    approx_kl is 0 within float rounding (``stats/first_kl_tolerance``, which warn_first_kl logs
-    first): at ratio 1 nothing is clipped, and with the log-probs aligned (warn_first_kl's evidence)
-    the clip test is what counts. A first minibatch whose approx_kl is off too is warn_first_kl's."""
+def warn_first_clipfrac(run: Run, step: int, metrics: dict[str, float], clip_ratio: float) -> None:
+    """Print a warning, once, on the first step whose first minibatch clipped more tokens than
+    rounding explains (ppo.first_clipfrac_tolerance: none in float32) while its approx_kl is 0 within
+    float rounding (``stats/first_kl_tolerance``, which warn_first_kl logs first): at ratio 1 nothing
+    is clipped, and with the log-probs aligned (warn_first_kl's evidence) the clip test is what
+    counts. A first minibatch whose approx_kl is off too is warn_first_kl's."""
     clipfrac, first_kl = metrics.get("stats/policy_clipfrac_first"), metrics.get("stats/approx_kl_first")
     tolerance = metrics.get("stats/first_kl_tolerance")
     if run.first_clipfrac_warned or not clipfrac or first_kl is None or tolerance is None:
         return
-    if abs(first_kl) <= tolerance:
+    allowed = first_clipfrac_tolerance(run.scorer, tolerance, clip_ratio)
+    if abs(first_kl) <= tolerance and clipfrac > allowed:
         run.first_clipfrac_warned = True
-        tqdm.write(f"[step {step}] WARNING: stats/policy_clipfrac_first = {clipfrac:.3g}, not 0: "
+        rounding = f" (16-bit rounding explains at most {allowed:.1e})" if allowed else ""
+        tqdm.write(f"[step {step}] WARNING: stats/policy_clipfrac_first = {clipfrac:.3g}, not 0{rounding}: "
                    f"{FIRST_CLIPFRAC_CAUSES}")
 
 

@@ -93,12 +93,33 @@ def first_kl_tolerance(policy: torch.nn.Module, max_abs_logprob: float, sampler_
     return chain * n * u * max(max_abs_logprob, 1.0)
 
 
+def first_clipfrac_tolerance(policy: torch.nn.Module, kl_tolerance: float, clip_ratio: float) -> float:
+    """The share of the first minibatch's tokens that rounding alone may clip: 0 in float32, where
+    the two forwards differ by ~1e-6 in log p and no ratio reaches the clip range (``clip_ratio``,
+    epsilon), so any clipped token is exercise 1's clip test counting ties (which counts every token
+    inside the range: a share near 1).
+
+    In 16 bits (bfloat16, float16) the update's log-probs differ from logprobs_old by rounding e_t of
+    root mean square ``kl_tolerance`` (first_kl_tolerance's sampler_gap branch, with the same
+    assumption). A token is clipped only if its ratio leaves [1 - eps, 1 + eps], so only if
+    |e_t| >= log(1 + eps) (the nearer edge: -log(1 - eps) is farther), and by Chebyshev's inequality
+    (Markov's on e_t^2, for any distribution) at most a share
+        kl_tolerance^2 / log(1 + eps)^2
+    of the tokens does. Measured on Qwen (H200, bfloat16): rms 0.022, eps 0.2: bound 1.5e-2, seen
+    8e-4 and 2e-3; a clip test counting ties gives ~1."""
+    matrices = [p for p in policy.parameters() if p.dim() == 2]
+    if not matrices or torch.finfo(matrices[0].dtype).bits != 16:
+        return 0.0
+    return kl_tolerance ** 2 / math.log1p(clip_ratio) ** 2
+
+
 FIRST_KL_CAUSES = ("exercise 5 does not compute logprobs_new the way the rollout computed logprobs_old (at the "
                    "first minibatch they must be equal: ratio 1). Likely causes: the response slice (positions "
                    "P-1 ... P+T-2 of the logits and values), the temperature (divide the logits by "
                    "cfg.temperature, as the rollout did), or dropout (the policy in train mode with dropout > 0)")
 # With approx_kl_first at 0 the ratio is 1, where -A * ratio and -A * clamp(ratio) are equal: a clip
-# fraction above 0 there is exercise 1's clip test, not the slice (which moves approx_kl_first too).
+# fraction above 0 there (above first_clipfrac_tolerance in 16 bits) is exercise 1's clip test, not
+# the slice (which moves approx_kl_first too).
 FIRST_CLIPFRAC_CAUSES = ("the ratio is 1 at the first minibatch (stats/approx_kl_first is 0 within float rounding, so "
                          "the slice and the temperature are right), where the two terms of exercise 1 are equal and "
                          "no token is clipped: its clip test counts ties. clip_frac counts "
