@@ -115,8 +115,8 @@ def test_the_card_estimate_gives_back_the_measured_run_and_never_speeds_up(profi
 
 # --- the 24 GB profile in bfloat16 (reports/performance.md Part 6): what came out, as it came out ---
 
-BF16_RUN = REPORTS / "gsm8k_qwen_coder_24gb_bfloat16"
 LEASE = REPORTS / "performance" / "small_cards" / "lease_16bit_2"
+BF16_RUN = LEASE / "run_24gb_bfloat16"  # the run as it came out (its report: ppo-train --report of the folder)
 
 
 def test_the_bfloat16_24gb_run_is_the_profile_with_the_16_bit_overrides_and_its_page_tells_it(monkeypatch):
