@@ -37,6 +37,9 @@
 #   GPU 3: 10-step benchmarks, the last update profiled (past the 16-bit warm-up): the recipe in
 #          float32 (the ratios' baseline on this machine), both profiles in bfloat16, then the
 #          16 GB profile in float32 (its kernels, never profiled: the card estimate's float32 row)
+# PLAN float16 (1 GPU): why the float16 16 GB profile's update is slower than bfloat16's on the H200
+#   (12.6 against 10.6 s over their whole runs): its last update host-profiled; then the 24 GB profile
+#   in float16 (does it fit its cap, and how fast: the next 24 GB whole run's candidate)
 set -uo pipefail
 W=$HOME/w
 R=$HOME/r
@@ -110,9 +113,16 @@ plan_proof() {
     "$(bench 16gb_fp32 gsm8k_qwen_coder_16gb.yaml '16 GB profile, float32' --steps 6 --profile-update)"
 }
 
+FP16_24="model.train_dtype=float16 model.reference_dtype=float16 rollout.generation_dtype=float16"
+plan_float16() {
+  queue 0 "$(bench 16gb_fp16_host gsm8k_qwen_coder_16gb.yaml '16 GB profile, float16, host-profiled' --steps 6 \
+      --host-profile $R/bench/16gb_fp16_host.txt $FP16_16 eval.model=null)" \
+    "$(bench 24gb_fp16 gsm8k_qwen_coder_24gb.yaml '24 GB profile, float16' --steps 6 --profile-update $FP16_24)"
+}
+
 case "${1:-}" in
   start)
-    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening|sixteen|proof" >&2; exit 2; }
+    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening|sixteen|proof|float16" >&2; exit 2; }
     rm -rf "$W" "$R"; mkdir -p "$W" "$R/bench"
     cp -r assignment solutions configs benchmarks pyproject.toml "$W/"
     record_machine python3
@@ -123,5 +133,5 @@ case "${1:-}" in
     # what comes back: every run folder without checkpoints, the benchmarks' JSON, the logs
     watch_queues "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |skipped|Error|error|WARNING" 'checkpoint*' 'run_*' 'tb'
     ;;
-  *) echo "usage: $0 start x4|diagnose|evening|sixteen|proof, or $0 watch" >&2; exit 2 ;;
+  *) echo "usage: $0 start x4|diagnose|evening|sixteen|proof|float16, or $0 watch" >&2; exit 2 ;;
 esac

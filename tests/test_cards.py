@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = "configs/gsm8k_qwen_coder.yaml"
 PROFILE_24 = "configs/gsm8k_qwen_coder_24gb.yaml"
 PROFILE_16 = "configs/gsm8k_qwen_coder_16gb.yaml"
+PROFILE_16_FP16 = "configs/gsm8k_qwen_coder_16gb_float16.yaml"
 
 # (the name torch reports, its memory in GiB, whether it computes in bfloat16: compute capability >= 8.0)
 T4 = ("Tesla T4", 14.6, False)
@@ -38,7 +39,7 @@ def test_the_profiles_table_is_the_profiles_files():
     for profile in PROFILES:
         cfg = config(profile.config)
         assert profile.cap_gib == cfg.train.max_gpu_memory_gib and profile.bfloat16 == bool(bfloat16_fields(cfg)), profile
-    assert {p.config for p in PROFILES} == {PROFILE_24, PROFILE_16}
+    assert {p.config for p in PROFILES} == {PROFILE_24, PROFILE_16, PROFILE_16_FP16}
     recipe = config(RECIPE)
     assert recipe.train.min_gpu_memory_gib == 38 and recipe.train.max_gpu_memory_gib is None
 
@@ -46,12 +47,14 @@ def test_the_profiles_table_is_the_profiles_files():
 # (config, card, what the message must advise: a profile to run, "keep" (this config with the float16
 # overrides), or None where it fits; whether the advice includes the float16 overrides)
 CASES = [
-    (RECIPE, T4, PROFILE_16, True),  # too small and no bfloat16: the 16 GB profile, in float16
-    (PROFILE_24, T4, PROFILE_16, True),
+    (RECIPE, T4, PROFILE_16_FP16, False),  # too small and no bfloat16: the float16 profile as it is
+    (PROFILE_24, T4, PROFILE_16_FP16, False),
     (PROFILE_16, T4, "keep", True),  # it fits 14.6 GiB: only its dtypes change
+    (PROFILE_16_FP16, T4, None, False),
     (RECIPE, RTX_4090, PROFILE_24, False),  # 38 GiB > 23.6: the largest profile that fits
     (PROFILE_24, RTX_4090, None, False),
     (PROFILE_16, RTX_4090, None, False),
+    (PROFILE_16_FP16, RTX_4090, None, False),
     (RECIPE, A100_40GB, None, False),  # 38 <= 39.4
     (PROFILE_24, A100_40GB, None, False),
     (PROFILE_16, A100_40GB, None, False),

@@ -3,19 +3,17 @@ recipe on a card that cannot hold it learns at once which profile to run instead
 
 A config states what it needs: ``train.max_gpu_memory_gib`` (a profile proven under that cap) or
 ``train.min_gpu_memory_gib`` (the recipe: its measured peak with room), and its dtypes say whether
-it needs bfloat16, which cards before Ampere (compute capability 8.0: T4, V100) lack.
+it needs bfloat16, which cards before Ampere (compute capability 8.0: T4, V100) lack: those are
+sent to the float16 profile.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from assignment.trainer.config import Config, load_config
-
-ROOT = Path(__file__).resolve().parents[2]  # where configs/ is, in the repository and in a release
+from assignment.trainer.config import Config
 
 
 @dataclass(frozen=True)
@@ -30,6 +28,8 @@ class Profile:
 PROFILES = (
     Profile("configs/gsm8k_qwen_coder_24gb.yaml", 20.0, True, "24 GB cards: L4, A10, RTX 3090/4090"),
     Profile("configs/gsm8k_qwen_coder_16gb.yaml", 14.0, True, "16 GB cards: T4, V100, RTX 4060 Ti/4080"),
+    Profile("configs/gsm8k_qwen_coder_16gb_float16.yaml", 14.0, False,
+            "16 GB cards, and the ones without bfloat16: T4, V100; trains in float16"),
 )
 # The dtype fields, and the override that moves each from bfloat16 to float16 on a card without it.
 DTYPE_FIELDS = ("model.dtype", "model.reference_dtype", "model.train_dtype", "rollout.generation_dtype")
@@ -59,14 +59,12 @@ def card_problem(cfg: Config, card: str, memory_gib: float, has_bfloat16: bool) 
         reasons.append(f"this config needs {needs:g} GiB of GPU memory ({field}) and this {card} has {memory_gib:.1f} GiB")
     if no_bfloat16:
         reasons.append(f"it computes in bfloat16, which this {card} lacks (compute capability below 8.0)")
-    fitting = [p for p in PROFILES if p.cap_gib <= memory_gib]
+    # the largest profile that fits and computes in what this card has (the float16 one on a T4)
+    runnable = [p for p in PROFILES if p.cap_gib <= memory_gib and (has_bfloat16 or not p.bfloat16)]
     if not too_small:
         advice = f"keep this config with the float16 overrides {float16_overrides(cfg)}"
-    elif fitting:
-        advice = f"run {fitting[0].config} ({fitting[0].cards})"
-        if not has_bfloat16 and fitting[0].bfloat16:
-            profile = load_config(ROOT / fitting[0].config)  # its own bfloat16 fields
-            advice += f" with the float16 overrides {float16_overrides(profile)}"
+    elif runnable:
+        advice = f"run {runnable[0].config} ({runnable[0].cards})"
     else:
         advice = f"no GSM8K profile fits {memory_gib:.1f} GiB; the smallest needs {min(p.cap_gib for p in PROFILES):g} GiB"
     return "; ".join(reasons) + ": " + advice
