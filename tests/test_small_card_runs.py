@@ -301,3 +301,31 @@ def test_part_7_states_what_each_16_bit_run_measured(monkeypatch, name):
     assert f"**{seconds_per_step(folder) / bench_step(LEASE3 / 'recipe.json'):.2f}x**" in speed, speed
     if "bfloat16" in name:
         assert test.diff < 0.08 and "bfloat16 missed +8 by one problem, twice" in words(page)
+
+
+def test_the_card_table_states_the_float16_profile_s_run_and_its_estimates():
+    """docs/training.md's row for the float16 profile: its run's figures as the committed files give
+    them, its step against the recipe benchmarked beside it, and each card's whole-run estimate by
+    kernel kind as Part 7's tables recompute it."""
+    from assignment.trainer.impl import load_module
+
+    estimate = load_module(ROOT / "benchmarks" / "card_estimate.py", "card_estimate")
+    test, summary = rescored(FLOAT16_RUN)
+    table = (ROOT / "docs" / "training.md").read_text().split("## Which card", 1)[1]
+    row = next(line for line in table.splitlines() if line.startswith("| ") and "`gsm8k_qwen_coder_16gb_float16.yaml`" in line)
+    metrics = read_jsonl(FLOAT16_RUN / "metrics.jsonl")
+    rollout, update = (statistics.median(m[key] for m in metrics[1:]) for key in ("time/rollout", "time/update"))
+    step = seconds_per_step(FLOAT16_RUN)
+    figures = [f"{summary['peak_memory_gib_step']:.1f} GiB (14)", f"{rollout:.1f} + {update:.1f} = {step:.1f}",
+               f"**{step / bench_step(LEASE3 / 'recipe.json'):.2f}x** the recipe benchmarked beside it",
+               f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}",
+               f"{test.c} improved, {test.b} regressed", f"p = {test.p_value:.1e}",
+               f"{summary['seconds']['wall'] / 60:.0f} min;"]
+    for which in ("part7-float16-24gb", "part7-float16-16gb"):
+        _, profile, split, half, half_run, own, size = BY_KIND[which]
+        inputs = estimate.load_by_kind(SMALL / f"profile_{profile}_h200.json", SMALL / "recipe_h200.json",
+                                       bundle(profile)[0], split, half, half_run, own)
+        cards = [name for name, (gb, _, _) in estimate.CARDS.items() if gb == size]
+        figures += [f"{name} {estimate.duration(row_['16-bit'][1])}" for name, row_ in estimate.by_kind(*inputs, cards).items()]
+    for figure in figures:
+        assert figure in row, (figure, row)
