@@ -40,6 +40,12 @@
 # PLAN float16 (1 GPU): why the float16 16 GB profile's update is slower than bfloat16's on the H200
 #   (12.6 against 10.6 s over their whole runs): its last update host-profiled; then the 24 GB profile
 #   in float16 (does it fit its cap, and how fast: the next 24 GB whole run's candidate)
+# PLAN next (4 GPUs): what the profiles still need, every run evaluated in float32:
+#   GPU 0: the 24 GB profile's whole run in float16 (if it gains +8, the 24 GB profile moves to it)
+#   GPU 1: the 24 GB profile's whole run as shipped (float32; its report predates the sampler metrics)
+#   GPU 2: the 16 GB profile's whole run as shipped (float32; the same)
+#   GPU 3: 10-step benchmarks: the recipe (the ratios' baseline), the float16 profile, the 24 GB
+#          profile in float16 (both profiled)
 set -uo pipefail
 W=$HOME/w
 R=$HOME/r
@@ -120,9 +126,18 @@ plan_float16() {
     "$(bench 24gb_fp16 gsm8k_qwen_coder_24gb.yaml '24 GB profile, float16' --steps 6 --profile-update $FP16_24)"
 }
 
+plan_next() {
+  queue 0 "$(run 24gb_float16 24gb $FP16_24)"
+  queue 1 "$(run 24gb 24gb)"
+  queue 2 "$(run 16gb 16gb)"
+  queue 3 "$(bench recipe gsm8k_qwen_coder.yaml 'recipe, float32 (TF32)' --steps 10 --profile-update)" \
+    "$(bench 16gb_float16 gsm8k_qwen_coder_16gb_float16.yaml 'float16 profile' --steps 10 --profile-update)" \
+    "$(bench 24gb_fp16 gsm8k_qwen_coder_24gb.yaml '24 GB profile, float16' --steps 10 --profile-update $FP16_24)"
+}
+
 case "${1:-}" in
   start)
-    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening|sixteen|proof|float16" >&2; exit 2; }
+    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening|sixteen|proof|float16|next" >&2; exit 2; }
     rm -rf "$W" "$R"; mkdir -p "$W" "$R/bench"
     cp -r assignment solutions configs benchmarks pyproject.toml "$W/"
     record_machine python3
@@ -133,5 +148,5 @@ case "${1:-}" in
     # what comes back: every run folder without checkpoints, the benchmarks' JSON, the logs
     watch_queues "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |skipped|Error|error|WARNING" 'checkpoint*' 'run_*' 'tb'
     ;;
-  *) echo "usage: $0 start x4|diagnose|evening|sixteen|proof|float16, or $0 watch" >&2; exit 2 ;;
+  *) echo "usage: $0 start x4|diagnose|evening|sixteen|proof|float16|next, or $0 watch" >&2; exit 2 ;;
 esac
