@@ -34,9 +34,9 @@
 #   GPU 0: the 24 GB profile's whole run in bfloat16 (again: the first was evaluated in bfloat16)
 #   GPU 1: the 16 GB profile's whole run in bfloat16
 #   GPU 2: the 16 GB profile's whole run in float16 (float16 sampler and reference: a T4's path)
-#   GPU 3: 10-step benchmarks, the last update profiled (past the 16-bit warm-up): the recipe in
-#          float32 (the ratios' baseline on this machine), both profiles in bfloat16, then the
-#          16 GB profile in float32 (its kernels, never profiled: the card estimate's float32 row)
+#   GPU 3: benchmarks, the last update profiled: 10 steps (past the 16-bit warm-up) of the recipe in
+#          float32 (the ratios' baseline on this machine) and of both profiles in bfloat16, then 6
+#          of the 16 GB profile in float32 (its kernels, never profiled: the card estimate's float32 row)
 # PLAN float16 (1 GPU): why the float16 16 GB profile's update is slower than bfloat16's on the H200
 #   (12.6 against 10.6 s over their whole runs): its last update host-profiled; then the 24 GB profile
 #   in float16 (does it fit its cap, and how fast: the next 24 GB whole run's candidate)
@@ -55,6 +55,7 @@ R=$HOME/r
 BF16_24="model.train_dtype=bfloat16 model.reference_dtype=bfloat16 eval.model=sampler"
 BF16_16="model.train_dtype=bfloat16 eval.model=sampler"
 FP16_16="model.train_dtype=float16 model.reference_dtype=float16 rollout.generation_dtype=float16 eval.model=sampler"
+FP16_24="model.train_dtype=float16 model.reference_dtype=float16 rollout.generation_dtype=float16"  # evaluated in float32
 
 run() {  # run NAME PROFILE OVERRIDES...: a whole run of configs/gsm8k_qwen_coder_PROFILE.yaml into $R/NAME
   local name=$1 profile=$2; shift 2
@@ -119,7 +120,6 @@ plan_proof() {
     "$(bench 16gb_fp32 gsm8k_qwen_coder_16gb.yaml '16 GB profile, float32' --steps 6 --profile-update)"
 }
 
-FP16_24="model.train_dtype=float16 model.reference_dtype=float16 rollout.generation_dtype=float16"
 plan_float16() {
   queue 0 "$(bench 16gb_fp16_host gsm8k_qwen_coder_16gb.yaml '16 GB profile, float16, host-profiled' --steps 6 \
       --host-profile $R/bench/16gb_fp16_host.txt $FP16_16 eval.model=null)" \

@@ -9,7 +9,7 @@ from assignment.trainer.runlog import read_jsonl
 from assignment.trainer.stats import McNemar, mcnemar_exact
 from course.committed import RUN_CONTROL, run_config, shipped_config
 
-__all__ = ["RUN_CONTROL", "changed_keys", "joined", "rescored"]
+__all__ = ["RUN_CONTROL", "changed_keys", "joined", "joined_text", "rescored"]
 
 
 def rescored(folder: Path) -> tuple[McNemar, dict]:
@@ -27,7 +27,12 @@ def rescored(folder: Path) -> tuple[McNemar, dict]:
 
 def joined(path: Path) -> str:
     """The page with its wrapped lines (and a YAML comment's '#') joined: a figure may sit across a line break."""
-    return " ".join(word for word in path.read_text().split() if word != "#")
+    return joined_text(path.read_text())
+
+
+def joined_text(text: str) -> str:
+    """``joined`` of a text already read (a part of a page)."""
+    return " ".join(word for word in text.split() if word != "#")
 
 
 def changed_keys(folder: Path, config: str, monkeypatch) -> tuple[set[str], dict]:

@@ -45,11 +45,11 @@ def test_the_profiles_table_is_the_profiles_files():
 
 
 # (config, card, what the message must advise: a profile to run, "keep" (this config with the float16
-# overrides), or None where it fits; whether the advice includes the float16 overrides)
+# overrides), or None where it fits; whether the advice includes this config's float16 overrides)
 CASES = [
     (RECIPE, T4, PROFILE_16_FP16, False),  # too small and no bfloat16: the float16 profile as it is
     (PROFILE_24, T4, PROFILE_16_FP16, False),
-    (PROFILE_16, T4, "keep", True),  # it fits 14.6 GiB: only its dtypes change
+    (PROFILE_16, T4, PROFILE_16_FP16, True),  # it fits 14.6 GiB: the float16 profile, or its dtypes changed
     (PROFILE_16_FP16, T4, None, False),
     (RECIPE, RTX_4090, PROFILE_24, False),  # 38 GiB > 23.6: the largest profile that fits
     (PROFILE_24, RTX_4090, None, False),
@@ -81,15 +81,14 @@ def test_the_card_check_names_the_card_the_need_and_the_profile_that_fits(path, 
     else:
         assert "GiB" not in message.split(":")[0], message  # memory is not the reason given
     assert ("bfloat16" in message.split(":")[0]) == (not bfloat16), message  # named as a reason only where lacking
-    target = path if advised == "keep" else advised
-    overrides = float16_overrides(config(target))  # the bfloat16 fields of what is to run, to float16
+    overrides = float16_overrides(cfg)  # this config's bfloat16 fields, to float16
     assert ("float16 overrides" in message) == float16 and (not float16 or overrides in message), message
     named = [p.config for p in PROFILES if p.config in message]
     assert named == ([] if advised == "keep" else [advised]), message  # one profile, the right one
-    # Followed to the letter (the profile named, or this config, with the overrides it gives), the
-    # advice runs on this card.
-    followed = config(target, *(overrides.split() if float16 else ()))
-    assert card_problem(followed, name, memory, bfloat16) is None
+    # Followed to the letter (the profile named as it is, or this config with the overrides given),
+    # the advice runs on this card.
+    followed = ([] if advised == "keep" else [config(advised)]) + ([config(path, *overrides.split())] if float16 else [])
+    assert followed and all(card_problem(f, name, memory, bfloat16) is None for f in followed)
 
 
 def test_a_bfloat16_working_copy_is_told_every_field_to_move():
@@ -154,3 +153,13 @@ def test_a_run_on_a_card_that_cannot_hold_it_stops_before_the_model_loads(tmp_pa
                      f"train.output_dir={tmp_path / 'cli'}"]) == 2
     assert capsys.readouterr().err.strip() == f"ppo-train: {message}"
     assert len(checked) == 2 and built == []
+
+
+def test_a_config_of_another_task_on_a_card_without_bfloat16_is_told_its_overrides_not_a_profile():
+    """The GSM8K profiles are no advice for the synthetic task: a bfloat16 sampler there is told the
+    override that moves it to float16, and followed, the check passes."""
+    cfg = load_config(None, [*TINY, "rollout.generation_dtype=bfloat16"])
+    message = card_problem(cfg, *T4)
+    assert message.endswith(": keep this config with the float16 overrides rollout.generation_dtype=float16"), message
+    assert not any(p.config in message for p in PROFILES)
+    assert card_problem(load_config(None, [*TINY, *float16_overrides(cfg).split()]), *T4) is None

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from report_runs import RUN_CONTROL, changed_keys, rescored
+from report_runs import RUN_CONTROL, changed_keys, joined_text, rescored
 
 from assignment.trainer.runlog import read_jsonl
 
@@ -87,9 +87,7 @@ def test_the_card_table_states_what_the_run_measured(profile):
 def test_the_card_estimate_gives_back_the_measured_run_and_never_speeds_up(profile):
     """benchmarks/card_estimate.py on the H200 the run was made on gives back the run's median step
     and its wall time (every ratio 1), and no listed card comes out faster."""
-    from assignment.trainer.impl import load_module
-
-    estimate = load_module(ROOT / "benchmarks" / "card_estimate.py", "card_estimate")
+    estimate = card_estimate()
     small = REPORTS / "performance" / "small_cards"
     bench, recipe = (json.loads((small / name).read_text()) for name in (f"profile_{profile}_h200.json", "recipe_h200.json"))
     folder, summary = bundle(profile)
@@ -148,10 +146,9 @@ def test_the_bfloat16_24gb_run_is_the_profile_with_the_16_bit_overrides_and_its_
 def test_the_card_model_check_is_the_committed_measurements():
     """Part 6's check of the card model: recomputed from the two committed benchmark JSONs, within
     the 25% aimed at, as the page says."""
-    from assignment.trainer.impl import load_module
     from report_runs import joined
 
-    estimate = load_module(ROOT / "benchmarks" / "card_estimate.py", "card_estimate")
+    estimate = card_estimate()
     fast, slow = (json.loads((LEASE / "evening" / name).read_text()) for name in ("recipe.json", "recipe_fp32.json"))
     check = estimate.check(fast, slow)
     assert json.loads((LEASE / "card_model_check.json").read_text()) == check  # json writes floats by repr: they read back exactly
@@ -186,9 +183,27 @@ def part(heading: str) -> str:
     return (REPORTS / "performance.md").read_text().split(heading, 1)[1].split("\n## ", 1)[0]
 
 
-def words(text: str) -> str:
-    """``text`` with its wrapped lines joined (report_runs.joined of a part): a figure may sit across a line break."""
-    return " ".join(text.split())
+def card_estimate():
+    """benchmarks/card_estimate.py, as a module."""
+    from assignment.trainer.impl import load_module
+
+    return load_module(ROOT / "benchmarks" / "card_estimate.py", "card_estimate")
+
+
+def by_kind_rows(which: str) -> tuple[tuple, dict]:
+    """BY_KIND[which]'s inputs to card_estimate.by_kind, read from the committed files, and its rows:
+    the measured card and the cards of the size named there."""
+    estimate = card_estimate()
+    _, profile, split, half, half_run, own, size = BY_KIND[which]
+    inputs = estimate.load_by_kind(SMALL / f"profile_{profile}_h200.json", SMALL / "recipe_h200.json",
+                                   bundle(profile)[0], split, half, half_run, own)
+    cards = [name for name, (gb, _, _) in estimate.CARDS.items() if gb == size or name == inputs[-1]]
+    return inputs, estimate.by_kind(*inputs, cards)
+
+
+def phase_medians(metrics: list[dict]) -> tuple[float, float]:
+    """A run's rollout and update medians over the steps after the first (which compiles)."""
+    return tuple(statistics.median(m[key] for m in metrics[1:]) for key in ("time/rollout", "time/update"))
 
 
 @pytest.mark.parametrize("which", sorted(BY_KIND))
@@ -196,16 +211,12 @@ def test_the_estimate_by_kernel_kind_is_the_page_s_and_gives_back_the_measured_u
     """``card_estimate.py --by-kind`` recomputed from the committed files is the table the page
     publishes, the goals it states are the table's, and on the H200 (every ratio 1) the by-kind
     update and step in float32 and in 16 bits are the measured ones."""
-    from assignment.trainer.impl import load_module
-
-    estimate = load_module(ROOT / "benchmarks" / "card_estimate.py", "card_estimate")
-    heading, profile, split, half, half_run, own, size = BY_KIND[which]
+    estimate = card_estimate()
+    heading, profile, _, half, half_run, own, size = BY_KIND[which]
     folder, _ = bundle(profile)
-    inputs = estimate.load_by_kind(SMALL / f"profile_{profile}_h200.json", SMALL / "recipe_h200.json", folder,
-                                   split, half, half_run, own)
+    inputs, rows = by_kind_rows(which)
     card = inputs[-1]
-    rows = estimate.by_kind(*inputs, [name for name, (gb, _, _) in estimate.CARDS.items() if gb == size or name == card])
-    page = words(part(heading))
+    page = joined_text(part(heading))
     for line in estimate.by_kind_table(rows).splitlines():
         assert " ".join(line.split()) in page, line
     runs = {name: row["16-bit"][1] for name, row in rows.items() if name != card}
@@ -287,7 +298,7 @@ def test_part_7_states_what_each_16_bit_run_measured(monkeypatch, name):
     assert len(metrics) == 48 and all(key in m for m in metrics for key in SAMPLER_KEYS)
     page = part("## Part 7")
     row = next(line for line in page.splitlines() if line.startswith(f"| [{label}]"))
-    rollout, update = (statistics.median(m[key] for m in metrics[1:]) for key in ("time/rollout", "time/update"))
+    rollout, update = phase_medians(metrics)
     kl = [m["rollout/sampler_kl"] for m in metrics]
     for figure in (f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}",
                    f"{test.c} improved, {test.b} regressed", f"p = {test.p_value:.1e}",
@@ -300,21 +311,18 @@ def test_part_7_states_what_each_16_bit_run_measured(monkeypatch, name):
     speed = next(line for line in page.splitlines() if line.startswith(f"| {label} |"))
     assert f"**{seconds_per_step(folder) / bench_step(LEASE3 / 'recipe.json'):.2f}x**" in speed, speed
     if "bfloat16" in name:
-        assert test.diff < 0.08 and "bfloat16 missed +8 by one problem, twice" in words(page)
+        assert test.diff < 0.08 and "bfloat16 missed +8 by one problem, twice" in joined_text(page)
 
 
 def test_the_card_table_states_the_float16_profile_s_run_and_its_estimates():
     """docs/training.md's row for the float16 profile: its run's figures as the committed files give
     them, its step against the recipe benchmarked beside it, and each card's whole-run estimate by
     kernel kind as Part 7's tables recompute it."""
-    from assignment.trainer.impl import load_module
-
-    estimate = load_module(ROOT / "benchmarks" / "card_estimate.py", "card_estimate")
+    estimate = card_estimate()
     test, summary = rescored(FLOAT16_RUN)
     table = (ROOT / "docs" / "training.md").read_text().split("## Which card", 1)[1]
     row = next(line for line in table.splitlines() if line.startswith("| ") and "`gsm8k_qwen_coder_16gb_float16.yaml`" in line)
-    metrics = read_jsonl(FLOAT16_RUN / "metrics.jsonl")
-    rollout, update = (statistics.median(m[key] for m in metrics[1:]) for key in ("time/rollout", "time/update"))
+    rollout, update = phase_medians(read_jsonl(FLOAT16_RUN / "metrics.jsonl"))
     step = seconds_per_step(FLOAT16_RUN)
     figures = [f"{summary['peak_memory_gib_step']:.1f} GiB (14)", f"{rollout:.1f} + {update:.1f} = {step:.1f}",
                f"**{step / bench_step(LEASE3 / 'recipe.json'):.2f}x** the recipe benchmarked beside it",
@@ -322,10 +330,7 @@ def test_the_card_table_states_the_float16_profile_s_run_and_its_estimates():
                f"{test.c} improved, {test.b} regressed", f"p = {test.p_value:.1e}",
                f"{summary['seconds']['wall'] / 60:.0f} min;"]
     for which in ("part7-float16-24gb", "part7-float16-16gb"):
-        _, profile, split, half, half_run, own, size = BY_KIND[which]
-        inputs = estimate.load_by_kind(SMALL / f"profile_{profile}_h200.json", SMALL / "recipe_h200.json",
-                                       bundle(profile)[0], split, half, half_run, own)
-        cards = [name for name, (gb, _, _) in estimate.CARDS.items() if gb == size]
-        figures += [f"{name} {estimate.duration(row_['16-bit'][1])}" for name, row_ in estimate.by_kind(*inputs, cards).items()]
+        inputs, rows = by_kind_rows(which)
+        figures += [f"{name} {estimate.duration(row_['16-bit'][1])}" for name, row_ in rows.items() if name != inputs[-1]]
     for figure in figures:
         assert figure in row, (figure, row)

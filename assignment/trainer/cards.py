@@ -3,8 +3,9 @@ recipe on a card that cannot hold it learns at once which profile to run instead
 
 A config states what it needs: ``train.max_gpu_memory_gib`` (a profile proven under that cap) or
 ``train.min_gpu_memory_gib`` (the recipe: its measured peak with room), and its dtypes say whether
-it needs bfloat16, which cards before Ampere (compute capability 8.0: T4, V100) lack: those are
-sent to the float16 profile.
+it needs bfloat16, which cards before Ampere (compute capability 8.0: T4, V100) lack: a GSM8K
+config on such a card is sent to the float16 profile (proven by its own run), another config is
+told the float16 overrides.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def card_problem(cfg: Config, card: str, memory_gib: float, has_bfloat16: bool) 
     runnable = [p for p in PROFILES if p.cap_gib <= memory_gib and (has_bfloat16 or not p.bfloat16)]
     if not too_small:
         advice = f"keep this config with the float16 overrides {float16_overrides(cfg)}"
+        if cfg.data.task == "gsm8k" and runnable:
+            advice = f"run {runnable[0].config} ({runnable[0].cards}), or {advice}"
     elif runnable:
         advice = f"run {runnable[0].config} ({runnable[0].cards})"
     else:
