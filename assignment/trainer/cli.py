@@ -38,7 +38,8 @@ USER_ERRORS = (ConfigError, DataError, ModelError, ImplError, RunDirError, FileN
                ReportError, RunFileError)
 OUT_OF_MEMORY_ADVICE = (
     "The config asks more of this card than it has. For the Qwen recipe on a 24 or 16 GB card: "
-    "configs/gsm8k_qwen_coder_24gb.yaml or configs/gsm8k_qwen_coder_16gb.yaml (README.md: which card); "
+    "configs/gsm8k_qwen_coder_24gb.yaml, configs/gsm8k_qwen_coder_16gb.yaml or "
+    "configs/gsm8k_qwen_coder_16gb_float16.yaml (README.md: which card); "
     "otherwise fewer rows at a time (ppo.process_minibatch_size, rollout.forward_batch_size, eval.batch_size); "
     "a model whose weights, gradients and AdamW state do not fit one card needs FSDP "
     "(configs/accelerate/fsdp.yaml). The run folder keeps what was saved: --resume continues from its "
