@@ -44,6 +44,12 @@ FIRST_MINIBATCH_KEYS = {"stats/approx_kl": "stats/approx_kl_first",
                         "stats/policy_clipfrac": "stats/policy_clipfrac_first"}
 
 
+def weight_matrices(policy: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The policy's 2-D parameters, the matmuls' weights: their dtype is the precision its forwards
+    round in (the 16-bit working copy's under model.train_dtype)."""
+    return [p for p in policy.parameters() if p.dim() == 2]
+
+
 def first_kl_tolerance(policy: torch.nn.Module, max_abs_logprob: float, sampler_gap: torch.Tensor | None = None) -> float:
     """How far from 0 the first minibatch's approx_kl may be from floating-point rounding alone.
 
@@ -80,7 +86,7 @@ def first_kl_tolerance(policy: torch.nn.Module, max_abs_logprob: float, sampler_
     under it, at 0.5 it does not (measured on the same model). On Qwen (H200) correct code reached
     approx_kl_first 9.9e-4 with no warning. The bound is logged as stats/first_kl_tolerance.
     """
-    matrices = [p for p in policy.parameters() if p.dim() == 2]
+    matrices = weight_matrices(policy)
     if not matrices:
         return math.inf
     if torch.finfo(matrices[0].dtype).bits == 16 and sampler_gap is not None and sampler_gap.numel():
@@ -111,7 +117,7 @@ def first_clipfrac_tolerance(policy: torch.nn.Module, kl_tolerance: float, clip_
     number of minibatches). Where rounding is so large that the bound reaches 1 (rms >= 0.18 at
     eps 0.2), the check is silent. Measured on Qwen (H200, bfloat16): rms 0.020-0.023, eps 0.2:
     bounds 1.2e-2 to 1.6e-2, seen at most 2.6e-3; a clip test counting ties gives ~1."""
-    matrices = [p for p in policy.parameters() if p.dim() == 2]
+    matrices = weight_matrices(policy)
     if not matrices or torch.finfo(matrices[0].dtype).bits != 16:
         return 0.0
     return kl_tolerance ** 2 / math.log1p(clip_ratio) ** 2
