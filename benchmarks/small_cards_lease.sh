@@ -44,8 +44,9 @@
 #   GPU 0: the 24 GB profile's whole run in float16 (if it gains +8, the 24 GB profile moves to it)
 #   GPU 1: the 24 GB profile's whole run as shipped (float32; its report predates the sampler metrics)
 #   GPU 2: the 16 GB profile's whole run as shipped (float32; the same)
-#   GPU 3: 10-step benchmarks: the recipe (the ratios' baseline), the float16 profile, the 24 GB
-#          profile in float16 (both profiled)
+#   GPU 3: 10-step benchmarks, profiled: the recipe (the ratios' baseline), the 16 GB profile in
+#          float32 (the float16 profile's before), the float16 profile (its overflow test now once a
+#          backward), the 24 GB profile in float16
 set -uo pipefail
 W=$HOME/w
 R=$HOME/r
@@ -131,6 +132,7 @@ plan_next() {
   queue 1 "$(run 24gb 24gb)"
   queue 2 "$(run 16gb 16gb)"
   queue 3 "$(bench recipe gsm8k_qwen_coder.yaml 'recipe, float32 (TF32)' --steps 10 --profile-update)" \
+    "$(bench 16gb_fp32 gsm8k_qwen_coder_16gb.yaml '16 GB profile, float32' --steps 10 --profile-update)" \
     "$(bench 16gb_float16 gsm8k_qwen_coder_16gb_float16.yaml 'float16 profile' --steps 10 --profile-update)" \
     "$(bench 24gb_fp16 gsm8k_qwen_coder_24gb.yaml '24 GB profile, float16' --steps 10 --profile-update $FP16_24)"
 }
