@@ -1,0 +1,3 @@
+cd /root/w; export CUDA_VISIBLE_DEVICES=0
+echo "== $(date +%T) python3 -m assignment.trainer --config configs/gsm8k_qwen_coder_24gb.yaml --impl solutions/exercises.py train.output_dir=/root/r/24gb_float16 train.time_limit_s=null train.final_checkpoint=false model.train_dtype=float16 model.reference_dtype=float16 rollout.generation_dtype=float16"; python3 -m assignment.trainer --config configs/gsm8k_qwen_coder_24gb.yaml --impl solutions/exercises.py train.output_dir=/root/r/24gb_float16 train.time_limit_s=null train.final_checkpoint=false model.train_dtype=float16 model.reference_dtype=float16 rollout.generation_dtype=float16; echo "== rc $?"
+touch /root/r/done0
