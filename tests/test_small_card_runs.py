@@ -10,6 +10,7 @@ the 24 GB profile's, its 10-step benchmark (reports/performance/small_cards/leas
 """
 
 import json
+import math
 import statistics
 from datetime import datetime
 from pathlib import Path
@@ -187,22 +188,28 @@ def test_the_card_model_check_is_the_committed_measurements():
 SMALL = REPORTS / "performance" / "small_cards"
 LEASE3 = SMALL / "lease_16bit_3"
 FLOAT16_RUN = REPORTS / "gsm8k_qwen_coder_16gb_float16"
-# Which tables: (the page's part, the float32 profile, its update's profiled split, the 16-bit step
-# profiled, the 16-bit whole run, whether that run is the one the 16-bit step is calibrated to, the
-# cards' size). Part 6: no 16 GB float32 update was profiled (the 24 GB one's kernels stand in) and
-# no 16 GB 16-bit run was made (the 24 GB one's seconds stand in), as the page says. Part 7: the
-# float16 profile, its bfloat16 sibling's kernels calibrated to its own run, on 24 and 16 GB cards.
-BY_KIND = {"part6-24gb": ("## Part 6", "24gb", LEASE / "evening/24gb_fp32_layer.json",
+# Which tables: (the page's part, the float32 profile, its whole run, its update's profiled split,
+# the 16-bit step profiled, the 16-bit whole run, whether that run is the one the 16-bit step is
+# calibrated to, the cards' size). Part 6: no 16 GB float32 update was profiled (the 24 GB one's
+# kernels stand in) and no 16 GB 16-bit run was made (the 24 GB one's seconds stand in), as the page
+# says. Part 7: the float16 profile, its bfloat16 sibling's kernels calibrated to its own run, on
+# 24 and 16 GB cards, with the 16 GB profile's first run (kept in h200_runs/16gb). Part 8: the float16
+# profile's own kernels after the overflow test moved, uncalibrated (its run predates the move), with
+# the 16 GB profile's re-run.
+FIRST_16GB = SMALL / "h200_runs" / "16gb"
+RERUN_16GB = REPORTS / "gsm8k_qwen_coder_16gb"
+BY_KIND = {"part6-24gb": ("## Part 6", "24gb", REPORTS / "gsm8k_qwen_coder_24gb", LEASE / "evening/24gb_fp32_layer.json",
                           LEASE / "diagnose/24gb_bf16_uncapped.json", BF16_RUN, True, 24),
-           "part6-16gb": ("## Part 6", "16gb", LEASE / "evening/24gb_fp32_layer.json",
+           "part6-16gb": ("## Part 6", "16gb", FIRST_16GB, LEASE / "evening/24gb_fp32_layer.json",
                           LEASE / "diagnose/16gb_bf16.json", BF16_RUN, False, 16),
-           "part7-float16-24gb": ("## Part 7", "16gb", LEASE3 / "16gb_fp32.json", LEASE3 / "16gb_bf16.json",
+           "part7-float16-24gb": ("## Part 7", "16gb", FIRST_16GB, LEASE3 / "16gb_fp32.json", LEASE3 / "16gb_bf16.json",
                                   FLOAT16_RUN, True, 24),
-           "part7-float16-16gb": ("## Part 7", "16gb", LEASE3 / "16gb_fp32.json", LEASE3 / "16gb_bf16.json",
-                                  FLOAT16_RUN, True, 16)}
-# The float32 runs Parts 6 and 7 computed their tables from: the 16 GB profile's first run, which
-# Part 8's re-run replaced as reports/gsm8k_qwen_coder_16gb/.
-BY_KIND_RUN = {"24gb": REPORTS / "gsm8k_qwen_coder_24gb", "16gb": SMALL / "h200_runs" / "16gb"}
+           "part7-float16-16gb": ("## Part 7", "16gb", FIRST_16GB, LEASE3 / "16gb_fp32.json", LEASE3 / "16gb_bf16.json",
+                                  FLOAT16_RUN, True, 16),
+           "part8-float16-24gb": ("## Part 8", "16gb", RERUN_16GB, LEASE4 / "16gb_fp32.json", LEASE4 / "16gb_float16.json",
+                                  FLOAT16_RUN, False, 24),
+           "part8-float16-16gb": ("## Part 8", "16gb", RERUN_16GB, LEASE4 / "16gb_fp32.json", LEASE4 / "16gb_float16.json",
+                                  FLOAT16_RUN, False, 16)}
 
 
 def part(heading: str) -> str:
@@ -221,9 +228,9 @@ def by_kind_rows(which: str) -> tuple[tuple, dict]:
     """BY_KIND[which]'s inputs to card_estimate.by_kind, read from the committed files, and its rows:
     the measured card and the cards of the size named there."""
     estimate = card_estimate()
-    _, profile, split, half, half_run, own, size = BY_KIND[which]
+    _, profile, run, split, half, half_run, own, size = BY_KIND[which]
     inputs = estimate.load_by_kind(SMALL / f"profile_{profile}_h200.json", SMALL / "recipe_h200.json",
-                                   BY_KIND_RUN[profile], split, half, half_run, own)
+                                   run, split, half, half_run, own)
     cards = [name for name, (gb, _, _) in estimate.CARDS.items() if gb == size or name == inputs[-1]]
     return inputs, estimate.by_kind(*inputs, cards)
 
@@ -239,8 +246,7 @@ def test_the_estimate_by_kernel_kind_is_the_page_s_and_gives_back_the_measured_u
     publishes, the goals it states are the table's, and on the H200 (every ratio 1) the by-kind
     update and step in float32 and in 16 bits are the measured ones."""
     estimate = card_estimate()
-    heading, profile, _, half, half_run, own, size = BY_KIND[which]
-    folder = BY_KIND_RUN[profile]
+    heading, _, folder, _, half, half_run, own, size = BY_KIND[which]
     inputs, rows = by_kind_rows(which)
     card = inputs[-1]
     page = joined_text(part(heading))
@@ -281,10 +287,18 @@ def test_the_estimate_by_kernel_kind_is_the_page_s_and_gives_back_the_measured_u
 # --- Part 7: the float16 profile's run, and the bfloat16 runs made beside it ---
 
 SAMPLER_KEYS = ("rollout/sampler_kl", "rollout/sampler_ratio_max", "rollout/sampler_far_share")
-# reports/gsm8k_qwen_coder_NAME: (Part 7's row label, the profile it ran, the overrides it ran with, its cap)
-SIXTEEN = {"16gb_float16": ("16 GB in float16", "16gb_float16", set(), 14),
-           "16gb_bfloat16": ("16 GB in bfloat16", "16gb", {"model.train_dtype"}, 14),
-           "24gb_bfloat16": ("24 GB in bfloat16", "24gb", {"model.train_dtype", "model.reference_dtype"}, 20)}
+FLOAT16 = {"model.train_dtype", "model.reference_dtype", "rollout.generation_dtype"}
+# reports/gsm8k_qwen_coder_NAME: (the part whose table has its row, the row's label, the profile it
+# ran, the overrides it ran with, its cap, the recipe's benchmark beside it, its speed row's label)
+SIXTEEN = {"16gb_float16": ("## Part 7", "16 GB in float16", "16gb_float16", set(), 14, LEASE3 / "recipe.json", "16 GB in float16"),
+           "16gb_bfloat16": ("## Part 7", "16 GB in bfloat16", "16gb", {"model.train_dtype"}, 14, LEASE3 / "recipe.json",
+                             "16 GB in bfloat16"),
+           "24gb_bfloat16": ("## Part 7", "24 GB in bfloat16", "24gb", {"model.train_dtype", "model.reference_dtype"}, 20,
+                             LEASE3 / "recipe.json", "24 GB in bfloat16"),
+           "24gb_float16": ("## Part 8", "24 GB in float16", "24gb", FLOAT16, 20, LEASE4 / "recipe.json", "24 GB in float16"),
+           "24gb_rerun": ("## Part 8", "24 GB as shipped, again", "24gb", set(), 20, LEASE4 / "recipe.json",
+                          "24 GB, float32 (again)"),
+           "16gb": ("## Part 8", "16 GB as shipped, again", "16gb", set(), 14, LEASE4 / "recipe.json", "16 GB, float32 (again)")}
 
 
 def bench_step(path: Path) -> float:
@@ -312,18 +326,18 @@ def test_the_float16_profile_run_learns_under_its_cap_and_never_skipped_a_step(m
 
 
 @pytest.mark.parametrize("name", sorted(SIXTEEN))
-def test_part_7_states_what_each_16_bit_run_measured(monkeypatch, name):
-    """Each 16-bit run is its profile with the overrides Part 7 names; Part 7's tables carry its
+def test_parts_7_and_8_state_what_each_run_measured(monkeypatch, name):
+    """Each run is its profile with the overrides its part names; the part's tables carry its
     figures as the committed files give them (the ratio against the recipe benchmarked beside it
     included); a bfloat16 run's gain is under the +8 the page calls missed."""
-    label, profile, overrides, cap = SIXTEEN[name]
+    heading, label, profile, overrides, cap, recipe, speed_label = SIXTEEN[name]
     folder = REPORTS / f"gsm8k_qwen_coder_{name}"
     test, summary = rescored(folder)
     changed, _ = changed_keys(folder, f"configs/gsm8k_qwen_coder_{profile}.yaml", monkeypatch)
     assert changed - RUN_CONTROL == overrides
     metrics = read_jsonl(folder / "metrics.jsonl")
     assert len(metrics) == 48 and all(key in m for m in metrics for key in SAMPLER_KEYS)
-    page = part("## Part 7")
+    page = part(heading)
     row = next(line for line in page.splitlines() if line.startswith(f"| [{label}]"))
     rollout, update = phase_medians(metrics)
     kl = [m["rollout/sampler_kl"] for m in metrics]
@@ -331,12 +345,12 @@ def test_part_7_states_what_each_16_bit_run_measured(monkeypatch, name):
                    f"{test.c} improved, {test.b} regressed", f"p = {test.p_value:.1e}",
                    f"{summary['peak_memory_gib_step']:.1f} GiB ({cap})",
                    f"{rollout:.1f} + {update:.1f} = {seconds_per_step(folder):.1f}",
-                   f"{sum(m['stats/skipped_steps'] for m in metrics):.0f} of 192",
+                   f"{sum(m.get('stats/skipped_steps', 0) for m in metrics):.0f} of 192",
                    f"{statistics.median(kl):.1e} ({max(kl):.1e})",
                    f"| {max(m['rollout/sampler_ratio_max'] for m in metrics):.2f} |"):
         assert figure in row, (figure, row)
-    speed = next(line for line in page.splitlines() if line.startswith(f"| {label} |"))
-    assert f"**{seconds_per_step(folder) / bench_step(LEASE3 / 'recipe.json'):.2f}x**" in speed, speed
+    speed = next(line for line in page.splitlines() if line.startswith(f"| {speed_label} |"))
+    assert f"**{seconds_per_step(folder) / bench_step(recipe):.2f}x**" in speed, speed
     if "bfloat16" in name:
         assert test.diff < 0.08 and "bfloat16 missed +8 by one problem, twice" in joined_text(page)
 
@@ -361,3 +375,42 @@ def test_the_card_table_states_the_float16_profile_s_run_and_its_estimates():
         figures += [f"{name} {estimate.duration(row_['16-bit'][1])}" for name, row_ in rows.items() if name != inputs[-1]]
     for figure in figures:
         assert figure in row, (figure, row)
+
+
+def test_part_8_states_the_benchmarks_and_the_24gb_runs_shortfall():
+    """Part 8's speed and kernel tables are lease_16bit_4's benchmarks as ppo_step.py summarises
+    them, the float16 profile's ratio to the float32 16 GB step included; and the two 24 GB runs
+    stay under +8 by the margins the page states (+8.0 of 1319 needs 106 more right than wrong)."""
+    from assignment.trainer.impl import load_module
+
+    ppo_step = load_module(ROOT / "benchmarks" / "ppo_step.py", "ppo_step")
+    page = part("## Part 8")
+    medians = {name: ppo_step.summary(json.loads((LEASE4 / f"{name}.json").read_text()))
+               for name in ("recipe", "16gb_fp32", "16gb_float16", "24gb_fp16")}
+    recipe, fp32 = medians["recipe"], medians["16gb_fp32"]
+    for figure in (f"the recipe {recipe['rollout_s']:.2f} + {recipe['update_s']:.2f} = **{bench_step(LEASE4 / 'recipe.json'):.2f} s**",
+                   f"{fp32['rollout_s']:.2f} + {fp32['update_s']:.2f} = {bench_step(LEASE4 / '16gb_fp32.json'):.2f} s",
+                   f"{bench_step(LEASE4 / '24gb_fp16.json'):.2f} s (benchmark)",
+                   f"| {bench_step(LEASE4 / '16gb_float16.json'):.2f} s (benchmark) | "
+                   f"**{bench_step(LEASE4 / '16gb_float16.json') / bench_step(LEASE4 / 'recipe.json'):.2f}x**",
+                   f"**{bench_step(LEASE4 / '16gb_float16.json') / bench_step(LEASE4 / '16gb_fp32.json'):.2f}x** the float32 16 GB benchmark"):
+        assert figure in joined_text(page), figure
+    # The kernel table: each row's cells as ppo_step.py --report wrote them (lease_16bit_4/ppo_step.md).
+    written = (LEASE4 / "ppo_step.md").read_text()
+    for label, page_label in (("16 GB profile, float32", "16 GB profile, float32"), ("float16 profile", "float16 profile"),
+                              ("24 GB profile, float16", "24 GB profile, float16")):
+        update_row, kernel_row = (next(line for line in table.splitlines() if line.startswith(f"| {label} |")).split(" | ")
+                                  for table in written.split("## Update", 1)[1].split("## One update's GPU kernels", 1))
+        row = next(line for line in page.splitlines() if line.startswith(f"| {page_label} | ") and "kernels" not in line
+                   and line.count("|") == 8)
+        assert row.split(" | ")[1:6] == kernel_row[1:5] + [kernel_row[6]], row  # update, matmul, attention, other, idle
+        assert row.rstrip(" |").split(" | ")[-1] == update_row[-1].rstrip(" |"), row  # the cache flushes
+    # The 24 GB runs: under +8, by as many problems as the page says.
+    short = {"24gb_rerun": "+7.4 (97 more problems right than wrong; +8 needs 106)",
+             "24gb_float16": "+7.7 (101 net, 5 problems short)"}
+    need = math.ceil(0.08 * 1319)
+    for name, words in short.items():
+        test, _ = rescored(REPORTS / f"gsm8k_qwen_coder_{name}")
+        assert test.c - test.b < need and test.diff < 0.08
+        assert f"{test.diff:+.1%}".rstrip("%") in words and f"{test.c - test.b}" in words and words in joined_text(page)
+    assert f"+8 needs {need})" in short["24gb_rerun"] and f"{need - 101} problems short" in short["24gb_float16"]
