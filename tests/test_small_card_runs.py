@@ -358,7 +358,7 @@ def test_parts_7_and_8_state_what_each_run_measured(monkeypatch, name):
 def test_the_card_table_states_the_float16_profile_s_run_and_its_estimates():
     """docs/training.md's row for the float16 profile: its run's figures as the committed files give
     them, its step against the recipe benchmarked beside it, and each card's whole-run estimate by
-    kernel kind as Part 7's tables recompute it."""
+    kernel kind as Part 8's tables recompute it."""
     estimate = card_estimate()
     test, summary = rescored(FLOAT16_RUN)
     table = (ROOT / "docs" / "training.md").read_text().split("## Which card", 1)[1]
@@ -370,7 +370,7 @@ def test_the_card_table_states_the_float16_profile_s_run_and_its_estimates():
                f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}",
                f"{test.c} improved, {test.b} regressed", f"p = {test.p_value:.1e}",
                f"{summary['seconds']['wall'] / 60:.0f} min;"]
-    for which in ("part7-float16-24gb", "part7-float16-16gb"):
+    for which in ("part8-float16-24gb", "part8-float16-16gb"):
         inputs, rows = by_kind_rows(which)
         figures += [f"{name} {estimate.duration(row_['16-bit'][1])}" for name, row_ in rows.items() if name != inputs[-1]]
     for figure in figures:
