@@ -218,6 +218,36 @@ def test_exercise_5s_own_finite_norm_check_counts_as_a_skipped_step():
     assert model.non_finite and set(model.non_finite) <= set(names)
 
 
+
+def test_an_overflow_in_an_earlier_backward_of_the_cycle_skips_its_step(monkeypatch):
+    """The finite test runs once a backward, on the masters' float32 sums: an overflow in the
+    first minibatch's backward, then a clean second one, still skips the cycle's step and names
+    the parameters; and the test ran once per backward, not once per gradient."""
+    policy = small_policy()
+    model = MixedPrecision(policy, torch.float16)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    model.attach(optimizer)
+    checks = []
+    check = model._check_finite
+    monkeypatch.setattr(model, "_check_finite", lambda: (checks.append(1), check()))
+    batch = hand_batch()
+    model.scaler.scale = 2.0 ** 10  # a clean cycle first, so that the optimizer has a state to keep
+    SOLUTION.ppo_minibatch_update(model, optimizer, batch, UPDATE, step_optimizer=True)
+    model.end_cycle()
+    assert checks == [1] and model.metrics()["stats/skipped_steps"] == 0.0
+    before = masters_and_state(policy, optimizer)
+
+    model.scaler.scale = 2.0 ** 40  # inf in the first backward...
+    SOLUTION.ppo_minibatch_update(model, optimizer, batch, UPDATE, step_optimizer=False)
+    model.scaler.scale = 2.0 ** 10  # ...then a clean one: the inf stays in the sums
+    metrics = SOLUTION.ppo_minibatch_update(model, optimizer, batch, UPDATE, step_optimizer=True)
+    model.end_cycle()
+    assert checks == [1, 1, 1]  # one test a backward
+    assert not math.isfinite(metrics["stats/grad_norm"])
+    assert same(masters_and_state(policy, optimizer), before)
+    assert model.metrics()["stats/skipped_steps"] == 1.0
+    assert model.non_finite and set(model.non_finite) <= {name for name, _ in policy.named_parameters()}
+
 # --- 3. the bfloat16 working copy -------------------------------------------------------------
 
 def test_a_bfloat16_working_copy_computes_and_the_masters_are_what_the_optimizer_sees():
