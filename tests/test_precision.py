@@ -218,35 +218,79 @@ def test_exercise_5s_own_finite_norm_check_counts_as_a_skipped_step():
     assert model.non_finite and set(model.non_finite) <= set(names)
 
 
-
 def test_an_overflow_in_an_earlier_backward_of_the_cycle_skips_its_step(monkeypatch):
     """The finite test runs once a backward, on the masters' float32 sums: an overflow in the
-    first minibatch's backward, then a clean second one, still skips the cycle's step and names
-    the parameters; and the test ran once per backward, not once per gradient."""
+    first minibatch's backward, then a clean second one, and an exercise 5 that steps without
+    looking at the norm: the optimizer's pre-step hook still skips the step, on the flag the
+    first backward set, and names exactly the parameters whose gradient was not finite."""
     policy = small_policy()
     model = MixedPrecision(policy, torch.float16)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    met = []  # registered before attach, so it runs first: which master gradients the step met non-finite
+    optimizer.register_step_pre_hook(lambda opt, args, kwargs: met.append(
+        {name for name, p in policy.named_parameters() if p.grad is not None and not bool(p.grad.isfinite().all())}))
     model.attach(optimizer)
     checks = []
     check = model._check_finite
     monkeypatch.setattr(model, "_check_finite", lambda: (checks.append(1), check()))
     batch = hand_batch()
-    model.scaler.scale = 2.0 ** 10  # a clean cycle first, so that the optimizer has a state to keep
-    SOLUTION.ppo_minibatch_update(model, optimizer, batch, UPDATE, step_optimizer=True)
+
+    def backward(scale: float) -> None:
+        model.scaler.scale = scale
+        SOLUTION.ppo_minibatch_update(model, optimizer, batch, UPDATE, step_optimizer=False)
+
+    backward(2.0 ** 10)  # a clean cycle first, so that the optimizer has a state to keep
+    optimizer.step()
+    optimizer.zero_grad()
     model.end_cycle()
-    assert checks == [1] and model.metrics()["stats/skipped_steps"] == 0.0
+    assert checks == [1] and met == [set()] and model.metrics()["stats/skipped_steps"] == 0.0
     before = masters_and_state(policy, optimizer)
 
-    model.scaler.scale = 2.0 ** 40  # inf in the first backward...
-    SOLUTION.ppo_minibatch_update(model, optimizer, batch, UPDATE, step_optimizer=False)
-    model.scaler.scale = 2.0 ** 10  # ...then a clean one: the inf stays in the sums
-    metrics = SOLUTION.ppo_minibatch_update(model, optimizer, batch, UPDATE, step_optimizer=True)
+    backward(2.0 ** 40)  # inf in the first backward...
+    assert checks == [1, 1] and not bool(model.finite.all())
+    backward(2.0 ** 10)  # ...then a clean one: the inf stays in the sums
+    assert checks == [1, 1, 1]  # one test a backward, not one a gradient
+    optimizer.step()
+    optimizer.zero_grad()
     model.end_cycle()
-    assert checks == [1, 1, 1]  # one test a backward
-    assert not math.isfinite(metrics["stats/grad_norm"])
+    assert met[-1] and set(model.non_finite) == met[-1]
     assert same(masters_and_state(policy, optimizer), before)
     assert model.metrics()["stats/skipped_steps"] == 1.0
-    assert model.non_finite and set(model.non_finite) <= {name for name, _ in policy.named_parameters()}
+
+
+def test_a_backward_that_raised_does_not_stop_the_next_one_s_test():
+    """A backward that raises after queueing its finite test (an out-of-memory error, caught by a
+    notebook that carries on) never runs the test; the next forward's backward must still test,
+    so that an overflowing step is skipped rather than written into the masters."""
+    policy = small_policy()
+    model = MixedPrecision(policy, torch.float16)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3)
+    model.attach(optimizer)
+    batch = hand_batch()
+
+    def out_of_memory(grad: torch.Tensor) -> None:
+        raise RuntimeError("CUDA out of memory (simulated)")
+
+    def raise_in_backward(module: torch.nn.Module, args: tuple, out: torch.Tensor) -> None:
+        out.register_hook(out_of_memory)
+
+    # the embeddings' output is the last the backward reaches, after the scaled logits queued the test
+    handle = model.working.lm.get_input_embeddings().register_forward_hook(raise_in_backward)
+    logits, values = model(batch["input_ids"], batch["attention_mask"])
+    with pytest.raises(RuntimeError, match="simulated"):
+        (logits.sum() + values.sum()).backward()
+    handle.remove()
+    optimizer.zero_grad(set_to_none=True)
+    model.discard_cycle()
+
+    before = masters_and_state(policy, optimizer)
+    model.scaler.scale = 2.0 ** 40
+    SOLUTION.ppo_minibatch_update(model, optimizer, batch, UPDATE, step_optimizer=False)
+    optimizer.step()  # without looking at the norm
+    model.end_cycle()
+    assert same(masters_and_state(policy, optimizer), before)
+    assert all(bool(param.isfinite().all()) for param in policy.parameters())
+    assert model.metrics()["stats/skipped_steps"] == 1.0
 
 # --- 3. the bfloat16 working copy -------------------------------------------------------------
 
