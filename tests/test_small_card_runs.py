@@ -9,6 +9,7 @@ the 24 GB profile's, its 10-step benchmark (reports/performance/small_cards/leas
 16 GB profile's re-run of reports/performance.md Part 8.
 """
 
+import functools
 import json
 import math
 import statistics
@@ -16,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 from report_runs import RUN_CONTROL, changed_keys, joined_text, rescored
 
 from assignment.trainer.runlog import read_jsonl
@@ -40,24 +42,17 @@ def bundle(profile: str) -> tuple[Path, dict]:
     return folder, json.loads((folder / "summary.json").read_text())
 
 
-def recipe_step(profile: str) -> float:
-    """The recipe's seconds per step that PROFILES holds the profile's run to."""
-    baseline = PROFILES[profile][2]
-    return seconds_per_step(baseline) if baseline.is_dir() else bench_step(baseline)
-
-
-def started_at(profile: str) -> tuple[str, datetime]:
-    """The card and the start of the recipe's run or benchmark that PROFILES names (a benchmark's
-    from its queue's log on the lease: ``== HH:MM:SS <its command>``, the day its folder's runs')."""
+def recipe_baseline(profile: str) -> tuple[str, str, float]:
+    """The card, the start (time of day, HH:MM:SS) and the seconds per step of the recipe's run or
+    benchmark that PROFILES holds the profile's run to. A benchmark's start is its queue's log line
+    on the lease (``== HH:MM:SS <its command>``)."""
     baseline = PROFILES[profile][2]
     if baseline.is_dir():
         run = json.loads((baseline / "run.json").read_text())[0]
-        return run["device"], datetime.strptime(run["started"], "%Y-%m-%d %H:%M:%S")
-    bench = json.loads(baseline.read_text())
+        return run["device"], run["started"].split()[1], seconds_per_step(baseline)
     line = next(line for log in sorted(baseline.parent.glob("gpu*.log")) for line in log.read_text().splitlines()
                 if line.startswith("== ") and f"--json /root/r/bench/{baseline.name}" in line)
-    day = json.loads((bundle(profile)[0] / "run.json").read_text())[0]["started"].split()[0]
-    return bench["card"], datetime.strptime(f"{day} {line.split()[1]}", "%Y-%m-%d %H:%M:%S")
+    return json.loads(baseline.read_text())["card"], line.split()[1], bench_step(baseline)
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
@@ -83,14 +78,17 @@ def test_the_profile_run_is_the_shipped_profile(monkeypatch, profile):
 @pytest.mark.parametrize("profile", sorted(PROFILES))
 def test_the_profile_run_is_within_its_speed_target(profile):
     """Seconds per PPO step against the recipe's on another card of the same machine, started
-    within the same minute (so the two shared the host as they shared the time)."""
+    within the same minute. A whole run beside a whole run shared the host throughout; a 10-step
+    benchmark (the 16 GB re-run's) shared it with the runs' loading and first evaluation more than
+    with their training (reports/performance.md Part 8 says so)."""
     _, most, _ = PROFILES[profile]
     folder, _ = bundle(profile)
     run = json.loads((folder / "run.json").read_text())[0]
-    card, started = started_at(profile)
+    card, started, step = recipe_baseline(profile)
     assert run["device"] == card
-    assert abs((datetime.strptime(run["started"], "%Y-%m-%d %H:%M:%S") - started).total_seconds()) <= 60
-    assert seconds_per_step(folder) <= most * recipe_step(profile)
+    clock = [datetime.strptime(time, "%H:%M:%S") for time in (run["started"].split()[1], started)]
+    assert abs((clock[0] - clock[1]).total_seconds()) <= 60
+    assert seconds_per_step(folder) <= most * step
 
 
 @pytest.mark.parametrize("profile", sorted(PROFILES))
@@ -100,7 +98,7 @@ def test_the_card_table_states_what_the_run_measured(profile):
     table = (ROOT / "docs" / "training.md").read_text().split("## Which card", 1)[1]
     row = next(line for line in table.splitlines()
                if line.startswith("| ") and f"`gsm8k_qwen_coder_{profile}.yaml`" in line)
-    ratio = seconds_per_step(folder) / recipe_step(profile)
+    ratio = seconds_per_step(folder) / recipe_baseline(profile)[2]
     for figure in (f"{summary['peak_memory_gib_step']:.1f} GiB ({PROFILES[profile][0]})", f"{ratio:.2f}x",
                    f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}",
                    f"{summary['improved']} improved, {summary['regressed']} regressed",
@@ -301,12 +299,30 @@ SIXTEEN = {"16gb_float16": ("## Part 7", "16 GB in float16", "16gb_float16", set
            "16gb": ("## Part 8", "16 GB as shipped, again", "16gb", set(), 14, LEASE4 / "recipe.json", "16 GB, float32 (again)")}
 
 
-def bench_step(path: Path) -> float:
-    """A ppo_step.py benchmark's step: its rollout and update medians (over the steps after the first)."""
+@functools.cache
+def bench_medians(path: Path) -> dict:
+    """A ppo_step.py benchmark's medians over the steps after the first, as its --report gives them."""
     from assignment.trainer.impl import load_module
 
-    medians = load_module(ROOT / "benchmarks" / "ppo_step.py", "ppo_step").summary(json.loads(path.read_text()))
+    return load_module(ROOT / "benchmarks" / "ppo_step.py", "ppo_step").summary(json.loads(path.read_text()))
+
+
+def bench_step(path: Path) -> float:
+    """A ppo_step.py benchmark's step: its rollout and update medians."""
+    medians = bench_medians(path)
     return medians["rollout_s"] + medians["update_s"]
+
+
+def skipped_of(folder: Path, metrics: list[dict]) -> str:
+    """"S of N": optimizer steps skipped of those the run took. Under 16-bit training the trainer
+    counts them; in float32 exercise 5 skips a step on a non-finite norm, which that PPO step's
+    mean norm would show, so there the count is 0 only if every logged norm is finite."""
+    accum = OmegaConf.load(folder / "config.yaml").ppo.grad_accum_steps
+    steps = sum(m["stats/minibatches"] for m in metrics) / accum
+    if all("stats/skipped_steps" in m for m in metrics):
+        return f"{sum(m['stats/skipped_steps'] for m in metrics):.0f} of {steps:.0f}"
+    assert all(math.isfinite(m["stats/grad_norm"]) for m in metrics)
+    return f"0 of {steps:.0f}"
 
 
 def test_the_float16_profile_run_learns_under_its_cap_and_never_skipped_a_step(monkeypatch):
@@ -345,7 +361,7 @@ def test_parts_7_and_8_state_what_each_run_measured(monkeypatch, name):
                    f"{test.c} improved, {test.b} regressed", f"p = {test.p_value:.1e}",
                    f"{summary['peak_memory_gib_step']:.1f} GiB ({cap})",
                    f"{rollout:.1f} + {update:.1f} = {seconds_per_step(folder):.1f}",
-                   f"{sum(m.get('stats/skipped_steps', 0) for m in metrics):.0f} of 192",
+                   skipped_of(folder, metrics),
                    f"{statistics.median(kl):.1e} ({max(kl):.1e})",
                    f"| {max(m['rollout/sampler_ratio_max'] for m in metrics):.2f} |"):
         assert figure in row, (figure, row)
@@ -379,38 +395,37 @@ def test_the_card_table_states_the_float16_profile_s_run_and_its_estimates():
 
 def test_part_8_states_the_benchmarks_and_the_24gb_runs_shortfall():
     """Part 8's speed and kernel tables are lease_16bit_4's benchmarks as ppo_step.py summarises
-    them, the float16 profile's ratio to the float32 16 GB step included; and the two 24 GB runs
-    stay under +8 by the margins the page states (+8.0 of 1319 needs 106 more right than wrong)."""
-    from assignment.trainer.impl import load_module
-
-    ppo_step = load_module(ROOT / "benchmarks" / "ppo_step.py", "ppo_step")
-    page = part("## Part 8")
-    medians = {name: ppo_step.summary(json.loads((LEASE4 / f"{name}.json").read_text()))
-               for name in ("recipe", "16gb_fp32", "16gb_float16", "24gb_fp16")}
-    recipe, fp32 = medians["recipe"], medians["16gb_fp32"]
-    for figure in (f"the recipe {recipe['rollout_s']:.2f} + {recipe['update_s']:.2f} = **{bench_step(LEASE4 / 'recipe.json'):.2f} s**",
-                   f"{fp32['rollout_s']:.2f} + {fp32['update_s']:.2f} = {bench_step(LEASE4 / '16gb_fp32.json'):.2f} s",
-                   f"{bench_step(LEASE4 / '24gb_fp16.json'):.2f} s (benchmark)",
-                   f"| {bench_step(LEASE4 / '16gb_float16.json'):.2f} s (benchmark) | "
-                   f"**{bench_step(LEASE4 / '16gb_float16.json') / bench_step(LEASE4 / 'recipe.json'):.2f}x**",
-                   f"**{bench_step(LEASE4 / '16gb_float16.json') / bench_step(LEASE4 / '16gb_fp32.json'):.2f}x** the float32 16 GB benchmark"):
-        assert figure in joined_text(page), figure
-    # The kernel table: each row's cells as ppo_step.py --report wrote them (lease_16bit_4/ppo_step.md).
+    them (the float16 profile against the float32 16 GB benchmark, the 24 GB float16 run against
+    the float32 one beside it); and the two 24 GB runs stay under +8 by the margins the page states
+    (+8.0 of 1319 needs 106 more right than wrong)."""
+    page = joined_text(part("## Part 8"))
+    recipe, fp32, fp16 = (LEASE4 / f"{name}.json" for name in ("recipe", "16gb_fp32", "16gb_float16"))
+    run16, run32 = (seconds_per_step(REPORTS / f"gsm8k_qwen_coder_{name}") for name in ("24gb_float16", "24gb_rerun"))
+    for path, words in ((recipe, "the recipe {r:.2f} + {u:.2f} = **{step:.2f} s**"),
+                        (fp32, "the 16 GB profile in float32 {r:.2f} + {u:.2f} = {step:.2f} s")):
+        medians = bench_medians(path)
+        assert words.format(r=medians["rollout_s"], u=medians["update_s"], step=bench_step(path)) in page, words
+    for figure in (f"{bench_step(LEASE4 / '24gb_fp16.json'):.2f} s (benchmark)",
+                   f"| {bench_step(fp16):.2f} s (benchmark) | **{bench_step(fp16) / bench_step(recipe):.2f}x**",
+                   f"**{bench_step(fp16) / bench_step(fp32):.2f}x** the float32 16 GB benchmark",
+                   f"**{run16 / run32:.2f}x** the float32 24 GB run beside it ({run32:.1f} s)"):
+        assert figure in page, figure
+    # The kernel table's rows: update, matmul, attention, other kernels, idle, as ppo_step.py's
+    # --report wrote them, and the update table's cache flushes.
     written = (LEASE4 / "ppo_step.md").read_text()
-    for label, page_label in (("16 GB profile, float32", "16 GB profile, float32"), ("float16 profile", "float16 profile"),
-                              ("24 GB profile, float16", "24 GB profile, float16")):
-        update_row, kernel_row = (next(line for line in table.splitlines() if line.startswith(f"| {label} |")).split(" | ")
-                                  for table in written.split("## Update", 1)[1].split("## One update's GPU kernels", 1))
-        row = next(line for line in page.splitlines() if line.startswith(f"| {page_label} | ") and "kernels" not in line
-                   and line.count("|") == 8)
-        assert row.split(" | ")[1:6] == kernel_row[1:5] + [kernel_row[6]], row  # update, matmul, attention, other, idle
-        assert row.rstrip(" |").split(" | ")[-1] == update_row[-1].rstrip(" |"), row  # the cache flushes
+    updates, kernels = written.split("## Update", 1)[1].split("## One update's GPU kernels", 1)
+    for label in ("16 GB profile, float32", "float16 profile", "24 GB profile, float16"):
+        update_cells, kernel_cells = ([cell.strip() for cell in next(line for line in table.splitlines()
+                                                                       if line.startswith(f"| {label} |")).split("|")]
+                                      for table in (updates, kernels))
+        assert f"| {label} | {' | '.join(kernel_cells[2:6] + [kernel_cells[7]])} | {update_cells[-2]} |" in page, label
     # The 24 GB runs: under +8, by as many problems as the page says.
-    short = {"24gb_rerun": "+7.4 (97 more problems right than wrong; +8 needs 106)",
-             "24gb_float16": "+7.7 (101 net, 5 problems short)"}
     need = math.ceil(0.08 * 1319)
-    for name, words in short.items():
+    nets = {}
+    for name in ("24gb_rerun", "24gb_float16"):
         test, _ = rescored(REPORTS / f"gsm8k_qwen_coder_{name}")
-        assert test.c - test.b < need and test.diff < 0.08
-        assert f"{test.diff:+.1%}".rstrip("%") in words and f"{test.c - test.b}" in words and words in joined_text(page)
-    assert f"+8 needs {need})" in short["24gb_rerun"] and f"{need - 101} problems short" in short["24gb_float16"]
+        assert test.diff < 0.08
+        nets[name] = (test.c - test.b, f"{100 * test.diff:+.1f}")
+    (net32, gain32), (net16, gain16) = nets["24gb_rerun"], nets["24gb_float16"]
+    assert f"{gain32} ({net32} more problems right than wrong; +8 needs {need})" in page
+    assert f"{gain16} ({net16} net, {need - net16} problems short)" in page
