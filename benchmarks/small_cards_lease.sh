@@ -47,6 +47,12 @@
 #   GPU 3: 10-step benchmarks, profiled: the recipe (the ratios' baseline), the 16 GB profile in
 #          float32 (the float16 profile's before), the float16 profile (its overflow test now once a
 #          backward), the 24 GB profile in float16
+# PLAN evaluate (2 GPUs): the last lever on the card goal by the estimate (generation and the float32
+#   greedy evaluations bound the small cards; reports/performance.md Part 8):
+#   GPU 0: the float16 profile's whole run evaluated greedily by its float16 compiled sampler, before
+#          and after alike (eval.model=sampler): its accuracy, and the evaluations' seconds
+#   GPU 1: the float16 profile's whole run as shipped (evaluated in float32), after the overflow test
+#          moved: its whole-run step, and a second draw of its gain
 set -uo pipefail
 W=$HOME/w
 R=$HOME/r
@@ -137,9 +143,14 @@ plan_next() {
     "$(bench 24gb_fp16 gsm8k_qwen_coder_24gb.yaml '24 GB profile, float16' --steps 10 --profile-update $FP16_24)"
 }
 
+plan_evaluate() {
+  queue 0 "$(run 16gb_float16_sampler_eval 16gb_float16 eval.model=sampler)"
+  queue 1 "$(run 16gb_float16 16gb_float16)"
+}
+
 case "${1:-}" in
   start)
-    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening|sixteen|proof|float16|next" >&2; exit 2; }
+    declare -F "plan_${2:-}" > /dev/null || { echo "usage: $0 start x4|diagnose|evening|sixteen|proof|float16|next|evaluate" >&2; exit 2; }
     rm -rf "$W" "$R"; mkdir -p "$W" "$R/bench"
     cp -r assignment solutions configs benchmarks pyproject.toml "$W/"
     record_machine python3
@@ -150,5 +161,5 @@ case "${1:-}" in
     # what comes back: every run folder without checkpoints, the benchmarks' JSON, the logs
     watch_queues "^==|eval step .*accuracy|^\[step [0-9]*[05]\] |skipped|Error|error|WARNING" 'checkpoint*' 'run_*' 'tb'
     ;;
-  *) echo "usage: $0 start x4|diagnose|evening|sixteen|proof|float16|next, or $0 watch" >&2; exit 2 ;;
+  *) echo "usage: $0 start x4|diagnose|evening|sixteen|proof|float16|next|evaluate, or $0 watch" >&2; exit 2 ;;
 esac
