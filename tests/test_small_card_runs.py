@@ -429,3 +429,28 @@ def test_part_8_states_the_benchmarks_and_the_24gb_runs_shortfall():
     (net32, gain32), (net16, gain16) = nets["24gb_rerun"], nets["24gb_float16"]
     assert f"{gain32} ({net32} more problems right than wrong; +8 needs {need})" in page
     assert f"{gain16} ({net16} net, {need - net16} problems short)" in page
+
+
+def test_part_8_s_projection_with_the_sampler_s_evaluations_is_the_model_s():
+    """Part 8's projection: the float16 profile's whole-run estimate by kernel kind with its
+    evaluations' seconds replaced by those of the one-step run evaluated by the float16 sampler
+    (its run.json), and that run's step-0 score beside the float32 evaluation's of the same model."""
+    estimate = card_estimate()
+    folder = LEASE4 / "sampler_eval"
+    run = json.loads((folder / "run.json").read_text())[0]
+    assert "eval.model=sampler" in run["command"] and run["device"] == "NVIDIA H200"
+    first = read_jsonl(folder / "eval.jsonl")[0]
+    _, summary = rescored(FLOAT16_RUN)
+    page = joined_text(part("## Part 8"))
+    before = round(summary["accuracy_before"] * 1319)
+    assert (f"scored {first['eval/correct']} of 1319 ({first['eval/accuracy']:.1%}; the float32 evaluation of "
+            f"the same model in the float16 profile's run: {before})") in page
+    assert f"took {run['eval_seconds']:.0f} s against {summary['seconds']['evaluation']:.0f} s in that run" in page
+    (old, float32, half, card), _ = by_kind_rows("part8-float16-24gb")
+    phased, kinds, step, seconds = half
+    rows = estimate.by_kind(old, float32, (phased, kinds, step, seconds | {"evaluation": run["eval_seconds"]}), card,
+                            ["T4", "RTX 3090", "A10", "L4", "RTX 4090"])
+    projected = ", ".join(f"{name} {estimate.duration(row['16-bit'][1])}" for name, row in rows.items())
+    assert f"the model above gives **{projected}**" in page
+    assert rows["T4"]["16-bit"][1] <= 7200 < by_kind_rows("part8-float16-16gb")[1]["T4"]["16-bit"][1]
+    assert f"the A10 still {(rows['A10']['16-bit'][1] - 3600) / 60:.0f} minutes over" in page
