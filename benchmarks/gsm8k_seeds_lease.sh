@@ -12,11 +12,16 @@
 #
 # Run from the repository root on the GPU machine, after `. $HOME/ppo-stage/env.sh` (device-stage
 # qwen-coder: the model and GSM8K). GPUS sets the batch size (default: the GPUs nvidia-smi lists).
+# SLOTS places a batch by hand: the GPU of each of its runs, in order, so that two runs can share a
+# card (an H200 holds two of these runs: 36 GiB each at most) and the batch can sit beside another
+# script's queues: SLOTS="2 2 3 3" runs batch 1 as two runs on GPU 2 and two on GPU 3. Runs that share
+# a card report their steps' seconds shared; what they compute does not depend on it.
 # The queues run from a copy of the tree outside the repository (the device tool replaces the
 # working tree between calls), each in a process group of its own (setsid), so that they outlive
 # the call. Each queue runs its run whole (no time limit, no final checkpoint: neither changes
 # what the run computes), then its report into $HOME/r/reports/NAME.md and the folder
-# $HOME/r/reports/NAME, under the names course.seeds and course.controls read:
+# $HOME/rs/reports/NAME, under the names course.seeds and course.controls read (ws and rs: not the
+# w and r of small_cards_lease.sh, so that both can run on one machine):
 #
 #   batch 1 of 4 GPUs: the random and format controls, the recipe's seeds 3 and 4;
 #   batch 2: GRPO's and Dr. GRPO's seeds 1 and 2 (2 GPUs: the same order, two runs a batch).
@@ -29,8 +34,8 @@
 #   python -m course.controls reports/gsm8k_control_format.md --recipe reports/gsm8k_qwen_coder
 #   python -m course.seeds ablation && python -m course.seeds recipe
 set -uo pipefail
-W=$HOME/w
-R=$HOME/r
+W=$HOME/ws
+R=$HOME/rs
 PYTHON=${PYTHON:-python3}
 . "$(dirname "$0")/lease_common.sh"  # queue, record_machine, watch_queues
 
@@ -46,7 +51,8 @@ RUNS=(
   "gsm8k_qwen_coder_dr_grpo_seed2 gsm8k_qwen_coder_dr_grpo.yaml train.seed=2"
 )
 
-gpus() { echo "${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}"; }
+gpus() { if [ -n "${SLOTS:-}" ]; then wc -w <<< "$SLOTS"; else echo "${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}"; fi; }
+gpu_of() { if [ -n "${SLOTS:-}" ]; then read -ra slots <<< "$SLOTS"; echo "${slots[$1]}"; else echo "$1"; fi; }
 
 batches() { local g; g=$(gpus); echo $(( (${#RUNS[@]} + g - 1) / g )); }
 
@@ -76,7 +82,7 @@ plan() {  # plan BATCH (checked): "GPU i: command" for each run of the batch
   local gpu=0 index
   for index in $(batch_runs "$1"); do
     # shellcheck disable=SC2086  # a run's words: its name, config and overrides
-    echo "GPU $gpu: $(run ${RUNS[$index]})"; gpu=$((gpu + 1))
+    echo "GPU $(gpu_of $gpu): $(run ${RUNS[$index]})"; gpu=$((gpu + 1))
   done
 }
 
@@ -100,7 +106,7 @@ case "${1:-}" in
     gpu=0
     for index in $(batch_runs "$2"); do
       # shellcheck disable=SC2086
-      queue $gpu "$(run ${RUNS[$index]})"; gpu=$((gpu + 1))
+      QUEUE_GPU=$(gpu_of $gpu) queue $gpu "$(run ${RUNS[$index]})"; gpu=$((gpu + 1))
     done
     cat "$R/gpu.txt"; echo "started batch $2 of $(batches): $gpu queues"
     ;;

@@ -5,14 +5,15 @@
 # NVLink multicast stays off in every process (the machine's rule).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 
-queue() {  # queue GPU COMMAND...: the commands in order on that GPU, each logged, then a marker
-  local gpu=$1; shift
-  local script=$R/queue$gpu.sh
+queue() {  # queue SLOT COMMAND...: the commands in order on GPU SLOT, each logged, then a marker
+  # (QUEUE_GPU=G puts queue SLOT on GPU G instead: two queues can share a card)
+  local slot=$1; shift
+  local script=$R/queue$slot.sh gpu=${QUEUE_GPU:-$slot}
   { echo "cd $W; export CUDA_VISIBLE_DEVICES=$gpu"
     for command in "$@"; do echo "echo \"== \$(date +%T) $command\"; $command; echo \"== rc \$?\""; done
-    echo "touch $R/done$gpu"; } > "$script"
+    echo "touch $R/done$slot"; } > "$script"
   # a process group of its own (setsid): the queue outlives the device call that started it
-  setsid nohup bash "$script" > "$R/gpu$gpu.log" 2>&1 < /dev/null &
+  setsid nohup bash "$script" > "$R/gpu$slot.log" 2>&1 < /dev/null &
 }
 
 record_machine() {  # record_machine PYTHON: the cards and the library versions, into $R/gpu.txt
@@ -25,13 +26,14 @@ watch_queues() {  # watch_queues LINES EXCLUDE...: wait up to WATCH_S seconds (d
   # queue's marker, print each GPU's log lines matching the regex LINES, then pack $R (less the
   # EXCLUDE patterns: checkpoints and the like) into $OUT/results.tar.gz
   local lines=$1; shift
-  local queues end gpu excludes=()
+  local queues end slot excludes=()
   queues=$(ls "$R"/queue*.sh 2>/dev/null | wc -l)
   end=$((SECONDS + ${WATCH_S:-540}))
   while [ $SECONDS -lt $end ] && [ "$(ls "$R"/done* 2>/dev/null | wc -l)" -lt "$queues" ]; do sleep "${POLL_S:-15}"; done
-  for ((gpu = 0; gpu < queues; gpu++)); do
-    echo "--- GPU $gpu $( [ -f "$R/done$gpu" ] && echo done || echo running)"
-    grep -E "$lines" "$R/gpu$gpu.log" | tail -8
+  for ((slot = 0; slot < queues; slot++)); do
+    echo "--- queue $slot ($(grep -o 'CUDA_VISIBLE_DEVICES=[0-9]*' "$R/queue$slot.sh" | tr = ' ')) \
+$( [ -f "$R/done$slot" ] && echo done || echo running)"
+    grep -E "$lines" "$R/gpu$slot.log" | tail -8
   done
   for pattern in "$@"; do excludes+=("--exclude=$pattern"); done
   tar -C "$R" "${excludes[@]}" -czf "${OUT:-/tmp}/results.tar.gz" . 2>/dev/null

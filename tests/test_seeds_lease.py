@@ -59,7 +59,7 @@ def test_the_plan_runs_each_run_once_one_per_gpu(gpus, batches, monkeypatch):
         words = shlex.split(train)
         config, overrides = words[words.index("--config") + 1], [w for w in words if "=" in w]
         name = Path(dict(o.split("=", 1) for o in overrides)["train.output_dir"]).name
-        assert shlex.split(report)[-2:] == ["--report-out", f"{Path.home()}/r/reports/{name}.md"]
+        assert shlex.split(report)[-2:] == ["--report-out", f"{Path.home()}/rs/reports/{name}.md"]
         ran = flat(vars_of(load_config(ROOT / config, overrides)))  # loads: the config and its overrides are valid
         assert changed(ran, shipped_config(ROOT / config)) <= {"train.seed"}, name
         expected_seed = int(name.rsplit("seed", 1)[1]) if "seed" in name else 0
@@ -72,7 +72,7 @@ def test_no_gpu_or_a_batch_out_of_range_is_a_message(tmp_path):
     assert "set GPUS" in lease("start", "1", GPUS="0", HOME=str(tmp_path)).stderr
     done = lease("plan", "3", GPUS="4")
     assert done.returncode == 2 and "BATCH must be 1 to 2 on 4 GPUs, got '3'" in done.stderr
-    assert lease("nothing").returncode == 2 and not (tmp_path / "w").exists()
+    assert lease("nothing").returncode == 2 and not (tmp_path / "ws").exists()
 
 
 def test_start_and_watch_run_one_queue_per_gpu_and_bring_the_reports_back(tmp_path):
@@ -87,14 +87,32 @@ def test_start_and_watch_run_one_queue_per_gpu_and_bring_the_reports_back(tmp_pa
     watched = lease("watch", **env)
     assert watched.returncode == 0 and watched.stdout.count(" done") == 2, watched.stdout
     calls = (tmp_path / "calls.txt").read_text().splitlines()
-    work = f"{tmp_path}/w"
+    work = f"{tmp_path}/ws"
     for gpu, name in enumerate(["gsm8k_control_random", "gsm8k_control_format"]):
         assert any(c.startswith(f"{gpu} {work} -m assignment.trainer --config configs/{name}.yaml") for c in calls), calls
-        assert any(c.startswith(f"{gpu} {work} -m assignment.trainer --report {tmp_path}/r/{name}") for c in calls)
+        assert any(c.startswith(f"{gpu} {work} -m assignment.trainer --report {tmp_path}/rs/{name}") for c in calls)
     assert (Path(work) / "assignment" / "trainer" / "loop.py").is_file()  # the queues ran from the copy
     with tarfile.open(tmp_path / "results.tar.gz") as tar:
         members = set(tar.getnames())
     assert {"./reports/gsm8k_control_random.md", "./reports/gsm8k_control_format.md", "./gpu0.log"} <= members
-    (tmp_path / "r" / "done1").unlink()  # a queue that has not ended: no second batch over it
+    (tmp_path / "rs" / "done1").unlink()  # a queue that has not ended: no second batch over it
     refused = lease("start", "2", **env)
     assert refused.returncode == 2 and "still running" in refused.stderr
+
+
+def test_slots_put_two_runs_on_one_card_beside_other_queues(tmp_path):
+    """SLOTS="2 2 3 3": batch 1's four runs, two on GPU 2 and two on GPU 3, each in a queue of its own."""
+    plan = lease("plan", "1", SLOTS="2 2 3 3")
+    assert [line.split(":")[0] for line in plan.stdout.splitlines()] == ["GPU 2", "GPU 2", "GPU 3", "GPU 3"]
+    assert "gsm8k_qwen_coder_seed4" in plan.stdout.splitlines()[3]
+    assert "BATCH must be 1 to 2" in lease("plan", "3", SLOTS="2 2 3 3").stderr
+    fake = tmp_path / "python"
+    fake.write_text('#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES $*" >> "$HOME/calls.txt"\n')
+    fake.chmod(0o755)
+    env = dict(HOME=str(tmp_path), SLOTS="1 1", PYTHON=str(fake), OUT=str(tmp_path), POLL_S="0.1", WATCH_S="30")
+    assert "2 queues" in lease("start", "1", **env).stdout
+    watched = lease("watch", **env)
+    assert "queue 0 (CUDA_VISIBLE_DEVICES 1) done" in watched.stdout, watched.stdout
+    assert "queue 1 (CUDA_VISIBLE_DEVICES 1) done" in watched.stdout
+    runs = [c for c in (tmp_path / "calls.txt").read_text().splitlines() if "-m assignment.trainer" in c]
+    assert len(runs) == 4 and {c.split()[0] for c in runs} == {"1"}, runs  # two runs and two reports, on GPU 1
