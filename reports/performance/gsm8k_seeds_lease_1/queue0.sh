@@ -1,0 +1,3 @@
+cd /root/ws; export CUDA_VISIBLE_DEVICES=2
+echo "== $(date +%T) python3 -m assignment.trainer --config configs/gsm8k_control_random.yaml --impl solutions/exercises.py train.output_dir=/root/rs/gsm8k_control_random train.time_limit_s=null train.final_checkpoint=false && python3 -m assignment.trainer --report /root/rs/gsm8k_control_random --report-out /root/rs/reports/gsm8k_control_random.md"; python3 -m assignment.trainer --config configs/gsm8k_control_random.yaml --impl solutions/exercises.py train.output_dir=/root/rs/gsm8k_control_random train.time_limit_s=null train.final_checkpoint=false && python3 -m assignment.trainer --report /root/rs/gsm8k_control_random --report-out /root/rs/reports/gsm8k_control_random.md; echo "== rc $?"
+touch /root/rs/done0

@@ -1,0 +1,3 @@
+cd /root/ws; export CUDA_VISIBLE_DEVICES=2
+echo "== $(date +%T) python3 -m assignment.trainer --config configs/gsm8k_control_format.yaml --impl solutions/exercises.py train.output_dir=/root/rs/gsm8k_control_format train.time_limit_s=null train.final_checkpoint=false && python3 -m assignment.trainer --report /root/rs/gsm8k_control_format --report-out /root/rs/reports/gsm8k_control_format.md"; python3 -m assignment.trainer --config configs/gsm8k_control_format.yaml --impl solutions/exercises.py train.output_dir=/root/rs/gsm8k_control_format train.time_limit_s=null train.final_checkpoint=false && python3 -m assignment.trainer --report /root/rs/gsm8k_control_format --report-out /root/rs/reports/gsm8k_control_format.md; echo "== rc $?"
+touch /root/rs/done1
