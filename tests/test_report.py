@@ -285,6 +285,25 @@ def test_a_data_parallel_run_names_its_processes(reported, tmp_path):
     assert json.loads((tmp_path / "dp" / "summary.json").read_text())["world_size"] == 1
 
 
+def test_a_run_evaluated_by_its_sampler_copy_says_so(reported, tmp_path):
+    """eval.model=sampler: the report names the copy that decoded the evaluations and that they
+    compare only with each other; a run evaluated by its own weights carries no such line."""
+    from omegaconf import OmegaConf
+
+    run = tmp_path / "run"
+    shutil.copytree(reported[0], run)
+    cfg = OmegaConf.load(run / "config.yaml")
+    cfg.eval.model, cfg.rollout.generation_dtype = "sampler", "float16"
+    OmegaConf.save(cfg, run / "config.yaml")
+    out = tmp_path / "sampler.md"
+    assert cli.main(["--report", str(run), "--report-out", str(out)]) == 0
+    assert "Decoded by the run's float16 copy of the policy (`eval.model=sampler`), before and after alike" in out.read_text()
+    summary = json.loads((tmp_path / "sampler" / "summary.json").read_text())
+    assert (summary["eval_model"], summary["eval_dtype"]) == ("sampler", "float16")
+    own = json.loads((reported[1].parent / "tiny" / "summary.json").read_text())
+    assert (own["eval_model"], own["eval_dtype"]) == (None, "float32") and "eval.model=sampler" not in reported[1].read_text()
+
+
 def _write_outcomes(path: Path, records: list[dict], correct: list[bool]) -> list[dict]:
     """``records`` (the same problems) with the given outcomes, written to ``path``; returned."""
     records = [{**r, "correct": c} for r, c in zip(records, correct)]

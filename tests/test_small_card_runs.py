@@ -185,6 +185,9 @@ def test_the_card_model_check_is_the_committed_measurements():
 
 SMALL = REPORTS / "performance" / "small_cards"
 LEASE3 = SMALL / "lease_16bit_3"
+# The float16 profile's whole runs: its first (Part 7, evaluated in float32, the one Parts 7 and 8
+# computed from) and the one that ships (Part 9, evaluated by its float16 sampler).
+FIRST_FLOAT16 = SMALL / "h200_runs" / "16gb_float16"
 FLOAT16_RUN = REPORTS / "gsm8k_qwen_coder_16gb_float16"
 # Which tables: (the page's part, the float32 profile, its whole run, its update's profiled split,
 # the 16-bit step profiled, the 16-bit whole run, whether that run is the one the 16-bit step is
@@ -193,7 +196,7 @@ FLOAT16_RUN = REPORTS / "gsm8k_qwen_coder_16gb_float16"
 # says. Part 7: the float16 profile, its bfloat16 sibling's kernels calibrated to its own run, on
 # 24 and 16 GB cards, with the 16 GB profile's first run (kept in h200_runs/16gb). Part 8: the float16
 # profile's own kernels after the overflow test moved, uncalibrated (its run predates the move), with
-# the 16 GB profile's re-run.
+# the 16 GB profile's re-run. Part 9: the same kernels calibrated to the profile's run after the move.
 FIRST_16GB = SMALL / "h200_runs" / "16gb"
 RERUN_16GB = REPORTS / "gsm8k_qwen_coder_16gb"
 BY_KIND = {"part6-24gb": ("## Part 6", "24gb", REPORTS / "gsm8k_qwen_coder_24gb", LEASE / "evening/24gb_fp32_layer.json",
@@ -201,13 +204,17 @@ BY_KIND = {"part6-24gb": ("## Part 6", "24gb", REPORTS / "gsm8k_qwen_coder_24gb"
            "part6-16gb": ("## Part 6", "16gb", FIRST_16GB, LEASE / "evening/24gb_fp32_layer.json",
                           LEASE / "diagnose/16gb_bf16.json", BF16_RUN, False, 16),
            "part7-float16-24gb": ("## Part 7", "16gb", FIRST_16GB, LEASE3 / "16gb_fp32.json", LEASE3 / "16gb_bf16.json",
-                                  FLOAT16_RUN, True, 24),
+                                  FIRST_FLOAT16, True, 24),
            "part7-float16-16gb": ("## Part 7", "16gb", FIRST_16GB, LEASE3 / "16gb_fp32.json", LEASE3 / "16gb_bf16.json",
-                                  FLOAT16_RUN, True, 16),
+                                  FIRST_FLOAT16, True, 16),
            "part8-float16-24gb": ("## Part 8", "16gb", RERUN_16GB, LEASE4 / "16gb_fp32.json", LEASE4 / "16gb_float16.json",
-                                  FLOAT16_RUN, False, 24),
+                                  FIRST_FLOAT16, False, 24),
            "part8-float16-16gb": ("## Part 8", "16gb", RERUN_16GB, LEASE4 / "16gb_fp32.json", LEASE4 / "16gb_float16.json",
-                                  FLOAT16_RUN, False, 16)}
+                                  FIRST_FLOAT16, False, 16),
+           "part9-float16-24gb": ("## Part 9", "16gb", RERUN_16GB, LEASE4 / "16gb_fp32.json", LEASE4 / "16gb_float16.json",
+                                  FLOAT16_RUN, True, 24),
+           "part9-float16-16gb": ("## Part 9", "16gb", RERUN_16GB, LEASE4 / "16gb_fp32.json", LEASE4 / "16gb_float16.json",
+                                  FLOAT16_RUN, True, 16)}
 
 
 def part(heading: str) -> str:
@@ -286,9 +293,11 @@ def test_the_estimate_by_kernel_kind_is_the_page_s_and_gives_back_the_measured_u
 
 SAMPLER_KEYS = ("rollout/sampler_kl", "rollout/sampler_ratio_max", "rollout/sampler_far_share")
 FLOAT16 = {"model.train_dtype", "model.reference_dtype", "rollout.generation_dtype"}
-# reports/gsm8k_qwen_coder_NAME: (the part whose table has its row, the row's label, the profile it
-# ran, the overrides it ran with, its cap, the recipe's benchmark beside it, its speed row's label)
-SIXTEEN = {"16gb_float16": ("## Part 7", "16 GB in float16", "16gb_float16", set(), 14, LEASE3 / "recipe.json", "16 GB in float16"),
+# reports/gsm8k_qwen_coder_NAME, or the folder given: (the part whose table has its row, the row's
+# label, the profile it ran, the keys where its config differs from that profile's file today, its
+# cap, the recipe's benchmark it is held to (beside it, but in Part 9: Part 8's), its speed row's label)
+SIXTEEN = {FIRST_FLOAT16: ("## Part 7", "16 GB in float16", "16gb_float16", {"eval.model"}, 14, LEASE3 / "recipe.json",
+                           "16 GB in float16"),
            "16gb_bfloat16": ("## Part 7", "16 GB in bfloat16", "16gb", {"model.train_dtype"}, 14, LEASE3 / "recipe.json",
                              "16 GB in bfloat16"),
            "24gb_bfloat16": ("## Part 7", "24 GB in bfloat16", "24gb", {"model.train_dtype", "model.reference_dtype"}, 20,
@@ -296,7 +305,11 @@ SIXTEEN = {"16gb_float16": ("## Part 7", "16 GB in float16", "16gb_float16", set
            "24gb_float16": ("## Part 8", "24 GB in float16", "24gb", FLOAT16, 20, LEASE4 / "recipe.json", "24 GB in float16"),
            "24gb_rerun": ("## Part 8", "24 GB as shipped, again", "24gb", set(), 20, LEASE4 / "recipe.json",
                           "24 GB, float32 (again)"),
-           "16gb": ("## Part 8", "16 GB as shipped, again", "16gb", set(), 14, LEASE4 / "recipe.json", "16 GB, float32 (again)")}
+           "16gb": ("## Part 8", "16 GB as shipped, again", "16gb", set(), 14, LEASE4 / "recipe.json", "16 GB, float32 (again)"),
+           "16gb_float16": ("## Part 9", "float16 profile, evaluated by its float16 sampler", "16gb_float16", set(), 14,
+                            LEASE4 / "recipe.json", "float16 profile, as shipped"),
+           "16gb_float16_rerun": ("## Part 9", "float16 profile, evaluated by the float32 masters", "16gb_float16",
+                                  {"eval.model"}, 14, LEASE4 / "recipe.json", "float16 profile, float32 evaluations")}
 
 
 @functools.cache
@@ -326,14 +339,17 @@ def skipped_of(folder: Path, metrics: list[dict]) -> str:
 
 
 def test_the_float16_profile_run_learns_under_its_cap_and_never_skipped_a_step(monkeypatch):
-    """The float16 profile's whole run is the profile as committed, learned +8 points or more (exact
-    McNemar p < 0.01) under its cap, logged the sampler's mismatch at every step, and, as its
-    config says, skipped no optimizer step with its loss scale at 2^16 throughout."""
+    """The float16 profile's whole run is the profile as committed (evaluated by its float16
+    sampler, as the report says), learned +8 points or more (exact McNemar p < 0.01) under its cap,
+    logged the sampler's mismatch at every step, and, as its config says, skipped no optimizer step
+    with its loss scale at 2^16 throughout."""
     test, summary = rescored(FLOAT16_RUN)
     assert test.diff >= 0.08 and test.p_value < 0.01, (test.diff, test.p_value)
     changed, ran = changed_keys(FLOAT16_RUN, "configs/gsm8k_qwen_coder_16gb_float16.yaml", monkeypatch)
     assert changed <= RUN_CONTROL, changed
     assert {ran[key] for key in ("model.train_dtype", "model.reference_dtype", "rollout.generation_dtype")} == {"float16"}
+    assert ran["eval.model"] == "sampler" and (summary["eval_model"], summary["eval_dtype"]) == ("sampler", "float16")
+    assert "Decoded by the run's float16 copy of the policy" in (REPORTS / "gsm8k_qwen_coder_16gb_float16.md").read_text()
     metrics = read_jsonl(FLOAT16_RUN / "metrics.jsonl")
     assert len(metrics) == 48 and all(key in m for m in metrics for key in SAMPLER_KEYS)
     assert max(m["memory/peak_memory_gib"] for m in metrics) == summary["peak_memory_gib_step"] <= 14
@@ -341,13 +357,13 @@ def test_the_float16_profile_run_learns_under_its_cap_and_never_skipped_a_step(m
     assert sum(m["stats/skipped_steps"] for m in metrics) == 0 and {m["stats/loss_scale"] for m in metrics} == {2.0 ** 16}
 
 
-@pytest.mark.parametrize("name", sorted(SIXTEEN))
-def test_parts_7_and_8_state_what_each_run_measured(monkeypatch, name):
+@pytest.mark.parametrize("name", sorted(SIXTEEN, key=str), ids=lambda name: f"h200_runs-{name.name}" if isinstance(name, Path) else name)
+def test_parts_7_to_9_state_what_each_run_measured(monkeypatch, name):
     """Each run is its profile with the overrides its part names; the part's tables carry its
-    figures as the committed files give them (the ratio against the recipe benchmarked beside it
-    included); a bfloat16 run's gain is under the +8 the page calls missed."""
+    figures as the committed files give them (the ratio against the recipe's benchmark included);
+    a bfloat16 run's gain is under the +8 the page calls missed."""
     heading, label, profile, overrides, cap, recipe, speed_label = SIXTEEN[name]
-    folder = REPORTS / f"gsm8k_qwen_coder_{name}"
+    folder = name if isinstance(name, Path) else REPORTS / f"gsm8k_qwen_coder_{name}"
     test, summary = rescored(folder)
     changed, _ = changed_keys(folder, f"configs/gsm8k_qwen_coder_{profile}.yaml", monkeypatch)
     assert changed - RUN_CONTROL == overrides
@@ -367,14 +383,14 @@ def test_parts_7_and_8_state_what_each_run_measured(monkeypatch, name):
         assert figure in row, (figure, row)
     speed = next(line for line in page.splitlines() if line.startswith(f"| {speed_label} |"))
     assert f"**{seconds_per_step(folder) / bench_step(recipe):.2f}x**" in speed, speed
-    if "bfloat16" in name:
+    if "bfloat16" in folder.name:
         assert test.diff < 0.08 and "bfloat16 missed +8 by one problem, twice" in joined_text(page)
 
 
 def test_the_card_table_states_the_float16_profile_s_run_and_its_estimates():
     """docs/training.md's row for the float16 profile: its run's figures as the committed files give
-    them, its step against the recipe benchmarked beside it, and each card's whole-run estimate by
-    kernel kind as Part 8's tables recompute it."""
+    them, its step against the recipe's benchmark (Part 8's machine), and each card's whole-run
+    estimate by kernel kind as Part 9's tables recompute it."""
     estimate = card_estimate()
     test, summary = rescored(FLOAT16_RUN)
     table = (ROOT / "docs" / "training.md").read_text().split("## Which card", 1)[1]
@@ -382,11 +398,11 @@ def test_the_card_table_states_the_float16_profile_s_run_and_its_estimates():
     rollout, update = phase_medians(read_jsonl(FLOAT16_RUN / "metrics.jsonl"))
     step = seconds_per_step(FLOAT16_RUN)
     figures = [f"{summary['peak_memory_gib_step']:.1f} GiB (14)", f"{rollout:.1f} + {update:.1f} = {step:.1f}",
-               f"**{step / bench_step(LEASE3 / 'recipe.json'):.2f}x** the recipe benchmarked beside it",
+               f"**{step / bench_step(LEASE4 / 'recipe.json'):.2f}x** the recipe's benchmark",
                f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}",
                f"{test.c} improved, {test.b} regressed", f"p = {test.p_value:.1e}",
                f"{summary['seconds']['wall'] / 60:.0f} min;"]
-    for which in ("part8-float16-24gb", "part8-float16-16gb"):
+    for which in ("part9-float16-24gb", "part9-float16-16gb"):
         inputs, rows = by_kind_rows(which)
         figures += [f"{name} {estimate.duration(row_['16-bit'][1])}" for name, row_ in rows.items() if name != inputs[-1]]
     for figure in figures:
@@ -440,7 +456,7 @@ def test_part_8_s_projection_with_the_sampler_s_evaluations_is_the_model_s():
     run = json.loads((folder / "run.json").read_text())[0]
     assert "eval.model=sampler" in run["command"] and run["device"] == "NVIDIA H200"
     first = read_jsonl(folder / "eval.jsonl")[0]
-    _, summary = rescored(FLOAT16_RUN)
+    _, summary = rescored(FIRST_FLOAT16)
     page = joined_text(part("## Part 8"))
     before = round(summary["accuracy_before"] * 1319)
     assert (f"scored {first['eval/correct']} of 1319 ({first['eval/accuracy']:.1%}; the float32 evaluation of "
@@ -454,3 +470,19 @@ def test_part_8_s_projection_with_the_sampler_s_evaluations_is_the_model_s():
     assert f"the model above gives **{projected}**" in page
     assert rows["T4"]["16-bit"][1] <= 7200 < by_kind_rows("part8-float16-16gb")[1]["T4"]["16-bit"][1]
     assert f"the A10 still {(rows['A10']['16-bit'][1] - 3600) / 60:.0f} minutes over" in page
+
+
+def test_part_9_s_evaluations_compare_as_the_page_says():
+    """Part 9: the sampler-evaluated run's evaluations against the float32-evaluated run's beside it
+    (seconds, step-0 scores), and the two float32-evaluated runs of one config and seed apart by
+    the points the page states."""
+    (shipped, s_sum), (rerun, r_sum), (first, f_sum) = (rescored(folder) for folder in (
+        FLOAT16_RUN, REPORTS / "gsm8k_qwen_coder_16gb_float16_rerun", FIRST_FLOAT16))
+    page = joined_text(part("## Part 9"))
+    assert (f"Its evaluations took {s_sum['seconds']['evaluation']:.0f} s against {r_sum['seconds']['evaluation']:.0f} s"
+            in page)
+    assert f"its step-0 score is {shipped.before} of 1319 problems against {rerun.before}" in page
+    assert f"Part 7's +{100 * first.diff:.1f}" in page and f"gained +{100 * rerun.diff:.1f}, under +8" in page
+    assert f"moved the gain by {100 * (first.diff - rerun.diff):.1f} points" in page
+    assert OmegaConf.load(FIRST_FLOAT16 / "config.yaml").train.seed == OmegaConf.load(
+        REPORTS / "gsm8k_qwen_coder_16gb_float16_rerun" / "config.yaml").train.seed

@@ -182,6 +182,9 @@ def summarize(run_dir: Path, staging_seconds: float | None = None, pair: tuple |
         "answer_format": cfg.reward.answer_format, "seconds": seconds,
         # what the training reward paid for (reward.kind: correct, or a control), and the random control's p
         "reward_kind": cfg.reward.kind, "reward_random_p": cfg.reward.random_p if cfg.reward.kind == "random" else None,
+        # who decoded the greedy evaluations: the policy's own weights (null) or its 16-bit sampler copy
+        "eval_model": cfg.eval.model,
+        "eval_dtype": cfg.rollout.generation_dtype if cfg.eval.model == "sampler" else cfg.model.dtype,
         # None where the run logged no GPU memory (CPU runs, runs from before it was logged)
         "peak_memory_gib_step": _max(metrics, "memory/peak_memory_gib"),
         "peak_memory_gib_eval": _max(read_jsonl(run_dir / EVALS), "eval/peak_memory_gib"),
@@ -319,8 +322,12 @@ def _findings(s: dict) -> list[str]:
 
 
 def _eval_section(summary: dict, before: list[dict], after: list[dict], steps: tuple[int, int]) -> list[str]:
-    lines = [f"## Greedy evaluation (answers read as the reward reads them: {summary['answer_format']})", "",
-             "| | step | n | accuracy | answer rate | response length |", "|---|---|---|---|---|---|"]
+    lines = [f"## Greedy evaluation (answers read as the reward reads them: {summary['answer_format']})", ""]
+    if summary.get("eval_model") == "sampler":
+        lines += [f"Decoded by the run's {summary['eval_dtype']} copy of the policy (`eval.model=sampler`), before and "
+                  "after alike: these accuracies compare with each other, not with a run evaluated by its float32 "
+                  "weights.", ""]
+    lines += ["| | step | n | accuracy | answer rate | response length |", "|---|---|---|---|---|---|"]
     rows = [("before", steps[0], summary["accuracy_before"], summary["answer_rate_before"], summary["response_length_before"])]
     rows += [("during", e["step"], e["accuracy"], e["answer_rate"], e["response_length"]) for e in summary["evals_between"]]
     rows += [("after", steps[1], summary["accuracy_after"], summary["answer_rate_after"], summary["response_length_after"])]
