@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The GPU runs behind the reward controls and Part II across seeds: 8 whole runs of the GSM8K
 # configs, one per GPU, in batches of as many runs as the machine has GPUs (4 GPUs: two batches, 2
-# GPUs: four). Modelled on small_cards_lease.sh; nothing here has run on a GPU yet.
+# GPUs: four). Modelled on small_cards_lease.sh. Batch 1 ran on 2026-11-28 (SLOTS="2 2 3 3" beside
+# small_cards_lease.sh's 'evaluate' plan on GPUs 0-1 of four H200s: 17:28-17:51, the two recipe
+# runs sharing GPU 3 held 142 of its 144 GB at their peak: two to a card is the edge, not a margin);
+# batch 2 has not run: on 4 GPUs it is one run a card, ~12 min with staging.
 #
 #   bash benchmarks/gsm8k_seeds_lease.sh plan [BATCH]   # print what each GPU of a batch runs (all batches
 #                                                       # without BATCH); needs no GPU
-#   bash benchmarks/gsm8k_seeds_lease.sh start BATCH    # copy the tree to $HOME/w, start the batch's
+#   bash benchmarks/gsm8k_seeds_lease.sh start BATCH    # copy the tree to $HOME/ws, start the batch's
 #                                                       # queues (BATCH counts from 1), return
 #   bash benchmarks/gsm8k_seeds_lease.sh watch          # print progress for WATCH_S seconds (default 540),
 #                                                       # then pack what is done into $OUT/results.tar.gz
@@ -13,13 +16,13 @@
 # Run from the repository root on the GPU machine, after `. $HOME/ppo-stage/env.sh` (device-stage
 # qwen-coder: the model and GSM8K). GPUS sets the batch size (default: the GPUs nvidia-smi lists).
 # SLOTS places a batch by hand: the GPU of each of its runs, in order, so that two runs can share a
-# card (an H200 holds two of these runs: 36 GiB each at most) and the batch can sit beside another
+# card (an H200 holds two of these runs, just: 36 GiB allocated each at most, more reserved) and the batch can sit beside another
 # script's queues: SLOTS="2 2 3 3" runs batch 1 as two runs on GPU 2 and two on GPU 3. Runs that share
 # a card report their steps' seconds shared; what they compute does not depend on it.
 # The queues run from a copy of the tree outside the repository (the device tool replaces the
 # working tree between calls), each in a process group of its own (setsid), so that they outlive
 # the call. Each queue runs its run whole (no time limit, no final checkpoint: neither changes
-# what the run computes), then its report into $HOME/r/reports/NAME.md and the folder
+# what the run computes), then its report into $HOME/rs/reports/NAME.md and the folder
 # $HOME/rs/reports/NAME, under the names course.seeds and course.controls read (ws and rs: not the
 # w and r of small_cards_lease.sh, so that both can run on one machine):
 #
