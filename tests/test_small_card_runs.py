@@ -486,3 +486,19 @@ def test_part_9_s_evaluations_compare_as_the_page_says():
     assert f"moved the gain by {100 * (first.diff - rerun.diff):.1f} points" in page
     assert OmegaConf.load(FIRST_FLOAT16 / "config.yaml").train.seed == OmegaConf.load(
         REPORTS / "gsm8k_qwen_coder_16gb_float16_rerun" / "config.yaml").train.seed
+
+
+def test_the_handout_s_float16_mismatch_figures_are_the_three_runs():
+    """Handout section 6's float16 sampler figures: the range of the float16 profile's three whole
+    runs' sampler_kl medians, their largest value, the range of their largest token ratios, and
+    that no token of any of them left [1/2, 2]."""
+    runs = [read_jsonl(folder / "metrics.jsonl") for folder in
+            (FIRST_FLOAT16, FLOAT16_RUN, REPORTS / "gsm8k_qwen_coder_16gb_float16_rerun")]
+    medians = [statistics.median(m["rollout/sampler_kl"] for m in run) for run in runs]
+    ratios = [max(m["rollout/sampler_ratio_max"] for m in run) for run in runs]
+    most = max(m["rollout/sampler_kl"] for run in runs for m in run)
+    assert all(m["rollout/sampler_far_share"] == 0 for run in runs for m in run)
+    text = joined_text((ROOT / "handout.md").read_text())
+    assert (f"{min(medians):.1e} to {max(medians):.1e} (medians of its three whole runs; at most {most:.1e}), "
+            f"the largest ratio {min(ratios):.2f} to {max(ratios):.2f}, no token far").replace("e-06", "e-6").replace(
+                "e-05", "e-5") in text
