@@ -1,5 +1,7 @@
 """course.controls: a control run's report against the recipe's, recomputed from small synthetic
-per-problem files whose figures are worked out by hand below."""
+per-problem files whose figures are worked out by hand below; and the committed control runs'
+figures as docs/results.md, docs/training.md and the README state them, recomputed from their
+per-problem files, metrics and summaries."""
 
 import json
 from pathlib import Path
@@ -7,7 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from assignment.trainer.runlog import write_gz
+from assignment.trainer.ablation import evaluations
+from assignment.trainer.runlog import read_jsonl, write_gz
+from assignment.trainer.stats import mcnemar_exact
+from course.committed import run_config
 from course import controls
 
 QUESTIONS = [f"q{i}" for i in range(6)]
@@ -117,3 +122,83 @@ def test_each_committed_control_page_holds_its_current_clean_comparison(page):
     recipe = ROOT / "reports" / "gsm8k_qwen_coder"
     assert controls.main([str(page), "--recipe", str(recipe), "--check"]) == 0
     assert "not a clean control" not in controls.comparison(page.with_suffix(""), recipe)
+
+
+CONTROL_RUNS = {kind: ROOT / "reports" / f"gsm8k_control_{kind}" for kind in ("random", "format")}
+RECIPE_RUN = ROOT / "reports" / "gsm8k_qwen_coder"
+
+
+def joined(path: Path) -> str:
+    return " ".join(path.read_text().split())
+
+
+def answered(records: list[dict]) -> list[bool]:
+    return [r["answer"] is not None for r in records]
+
+
+def correct(records: list[dict]) -> list[bool]:
+    return [bool(r["correct"]) for r in records]
+
+
+@pytest.mark.skipif(not all(f.is_dir() for f in CONTROL_RUNS.values()), reason="the control runs are not committed yet")
+def test_the_pages_state_the_committed_controls_figures():
+    """docs/results.md's table and prose, training.md's sentence and the README's clause on the
+    controls: each figure from the runs' per-problem evaluations (course.controls.figures, exact
+    McNemar tests), their summary.json and metrics.jsonl."""
+    records = {name: evaluations(folder) for name, folder in (("recipe", RECIPE_RUN), *CONTROL_RUNS.items())}
+    f = {name: tuple(controls.figures(r) for r in pair) for name, pair in records.items()}
+    summary = {name: json.loads((folder / "summary.json").read_text())
+               for name, folder in (("recipe", RECIPE_RUN), *CONTROL_RUNS.items())}
+    labels = {"recipe": "right answer (the recipe)", "random": "random coin", "format": "any answer (format)"}
+    expected = []
+    for name, (before, after) in f.items():
+        test = mcnemar_exact(*(correct(r) for r in records[name]))
+        expected.append(f"| {labels[name]} | {before.accuracy:.1%} -> {after.accuracy:.1%} | {test.c} / {test.b}, "
+                        f"{test.p_value:.2g} | {before.answer_rate:.1%} -> {after.answer_rate:.1%} | "
+                        f"{before.accuracy_answered:.1%} -> {after.accuracy_answered:.1%} | "
+                        f"{before.length:.0f} -> {after.length:.0f} |")
+    for kind in CONTROL_RUNS:
+        assert run_config(CONTROL_RUNS[kind])["train.seed"] == 0 and summary[kind]["reward_kind"] == kind
+    assert summary["random"]["reward_random_p"] == 0.2
+    random_test = mcnemar_exact(*(correct(r) for r in records["random"]))
+    random_answered = mcnemar_exact(*(answered(r) for r in records["random"]))
+    format_answered = mcnemar_exact(*(answered(r) for r in records["format"]))
+    assert random_test.after < random_test.before and format_answered.p_value < 0.01 <= random_answered.p_value
+    # After training, control after -> recipe after: problems the recipe has right and the control not, and the reverse.
+    ahead = {kind: mcnemar_exact(correct(records[kind][1]), correct(records["recipe"][1])) for kind in CONTROL_RUNS}
+    s, fmt = summary["random"], summary["format"]
+    expected += [
+        f"{random_test.b} problems right before were wrong after, {random_test.c} the reverse",
+        f"hardly moved ({random_answered.c} gained, {random_answered.b} lost, p = {random_answered.p_value:.2g})",
+        f"stayed at the coin's rate ({s['reward_first10']:.3f} over the first 10 steps, {s['reward_last10']:.3f} over "
+        f"the last 10) while its sampled answers' correct rate fell from {s['correct_rate_first10']:.3f} to "
+        f"{s['correct_rate_last10']:.3f}",
+        f"its KL reached {s['kl_final']:.1f} nats at the last step, near the recipe's {summary['recipe']['kl_final']:.1f}",
+        f"answered {f['format'][0].answer_rate:.1%} -> {f['format'][1].answer_rate:.1%} ({format_answered.c} gained, "
+        f"{format_answered.b} lost, p = {format_answered.p_value:.2g})",
+        f"accuracy fell {100 * (f['format'][0].accuracy - f['format'][1].accuracy):.1f} points",
+        f"Its reward was {fmt['reward_first10']:.3f} over the first 10 steps and {fmt['reward_last10']:.3f} over the last 10",
+        f"(KL {fmt['kl_final']:.1f} nats at the end)",
+        f"{ahead['random'].c} problems against {ahead['random'].b} over the random control (p = {ahead['random'].p_value:.2g}), "
+        f"{ahead['format'].c} against {ahead['format'].b} over the format control (p = {ahead['format'].p_value:.2g})",
+        f"raises the answered share to {f['format'][1].answer_rate:.1%} while accuracy falls"]
+    # The format control's skipped updates: every step from the first skip after its last update, each
+    # with the rewards' spread under ppo.min_reward_std.
+    metrics = read_jsonl(CONTROL_RUNS["format"] / "metrics.jsonl")
+    skipped = [m["step"] for m in metrics if m.get("stats/update_skipped")]
+    last_update = max(m["step"] for m in metrics if not m.get("stats/update_skipped"))
+    floor = run_config(CONTROL_RUNS["format"])["ppo.min_reward_std"]
+    assert all(m["rollout/reward_std"] < floor for m in metrics if m.get("stats/update_skipped"))
+    assert len(skipped) == fmt["skipped_updates"] and set(range(last_update + 1, len(metrics) + 1)) <= set(skipped)
+    expected.append(f"from step {last_update + 1} on the rewards' spread stayed under `ppo.min_reward_std` and the "
+                    f"update was skipped, {len(skipped)} of {len(metrics)} steps in all, so its "
+                    f"{f['format'][1].accuracy:.1%} is the model after {len(metrics) - len(skipped)} updates")
+    results = joined(ROOT / "docs" / "results.md")
+    for text in expected:
+        assert text in results, text
+    training = (f"gained ({f['recipe'][0].accuracy:.1%} -> {f['recipe'][1].accuracy:.1%}): `random` fell to "
+                f"{f['random'][1].accuracy:.1%}, `format` to {f['format'][1].accuracy:.1%} while the share of its "
+                f"responses with a readable answer rose to {f['format'][1].answer_rate:.1%}")
+    assert training in joined(ROOT / "docs" / "training.md"), training
+    readme = f"loses accuracy (to {f['random'][1].accuracy:.1%} and {f['format'][1].accuracy:.1%})"
+    assert readme in joined(ROOT / "README.md"), readme

@@ -133,3 +133,39 @@ def test_the_recipes_spread_holds_the_committed_seeds():
     assert {"gsm8k_qwen_coder", "gsm8k_qwen_coder_4gpu_seed0", "gsm8k_qwen_coder_4gpu_seed1",
             "gsm8k_qwen_coder_4gpu_seed2"} <= names
     assert not names & {"gsm8k_qwen_coder_16gb", "gsm8k_qwen_coder_grpo", "gsm8k_qwen_coder_run3"}
+
+
+def test_the_ablation_pages_prose_states_ppos_seeds_and_the_seeds_not_run():
+    """The hand-written prose of reports/gsm8k_ablation.md (outside the generated block) and
+    docs/results.md: PPO's one-GPU seeds 0, 3 and 4 as the folders give them, and GRPO's and Dr.
+    GRPO's seeds 1 and 2 named as not run while their folders are absent."""
+    gathered = {method: seeds.gather({seed: seeds.REPORTS / name for seed, name in folders.items()},
+                                     ROOT / "configs" / config) for method, (config, folders) in seeds.ABLATION.items()}
+    ppo, missing = gathered["ppo"]
+    assert [r.seed for r in ppo] == [0, 3, 4] and not missing
+    unrun = {method: sorted(missing) for method, (_, missing) in gathered.items() if missing}
+    assert unrun == {"grpo": [1, 2], "dr_grpo": [1, 2]}  # once they run, the prose below must say what they show
+    seed0 = {method: runs[0] for method, (runs, _) in gathered.items()}
+    s3, s4 = ppo[1:]
+    assert min(r.gain for r in ppo) > max(seed0["grpo"].gain, seed0["dr_grpo"].gain)
+    assert all(r.test.p_value < 0.05 for r in ppo)
+    four_gpu = {r.folder.name: r for r in seeds.recipe_runs()[0]}["gsm8k_qwen_coder_4gpu_seed1"]
+    page = seeds.PAGE.read_text()
+    prose = " ".join((page[:page.index(seeds.BEGIN)] + page[page.index(seeds.END):]).split())
+    for text in (f"PPO's seeds 3 and 4 gained {s3.gain:+.1f} and {s4.gain:+.1f} (p = {s3.test.p_value:.1e} and "
+                 f"{s4.test.p_value:.1e}): its three one-GPU seeds, {min(r.gain for r in ppo):+.1f} to "
+                 f"{max(r.gain for r in ppo):+.1f}, each gained more than GRPO's and Dr. GRPO's one seed",
+                 f"(the recipe's seed 1 on 4 GPUs gained {four_gpu.gain:+.1f})",
+                 f"its wrong answers got shorter in seeds 3 and 4 too (greedy {s3.wrong_length[0]:.0f} -> "
+                 f"{s3.wrong_length[1]:.0f} and {s4.wrong_length[0]:.0f} -> {s4.wrong_length[1]:.0f}; sampled "
+                 f"{s3.sampled_wrong[0]:.0f} -> {s3.sampled_wrong[1]:.0f} and {s4.sampled_wrong[0]:.0f} -> "
+                 f"{s4.sampled_wrong[1]:.0f} over the first vs last 10 steps)",
+                 "GRPO's and Dr. GRPO's seeds 1 and 2 have not run yet",
+                 "One seed of GRPO and of Dr. GRPO (their seeds 1 and 2 are not run yet); three of PPO",
+                 "`bash benchmarks/gsm8k_seeds_lease.sh start 2`"):
+        assert text in prose, text
+    assert all(r.wrong_length[1] < r.wrong_length[0] and r.sampled_wrong[1] < r.sampled_wrong[0] for r in (s3, s4))
+    results = " ".join((ROOT / "docs" / "results.md").read_text().split())
+    for text in ("whose PPO row now holds seeds 0, 3 and 4 (" + ", ".join(f"{r.gain:+.1f}" for r in ppo) + ")",
+                 "**Not run yet: GRPO's and Dr. GRPO's seeds 1 and 2**", "`bash benchmarks/gsm8k_seeds_lease.sh start 2`"):
+        assert text in results, text
