@@ -202,3 +202,23 @@ def test_the_pages_state_the_committed_controls_figures():
     assert training in joined(ROOT / "docs" / "training.md"), training
     readme = f"loses accuracy (to {f['random'][1].accuracy:.1%} and {f['format'][1].accuracy:.1%})"
     assert readme in joined(ROOT / "README.md"), readme
+
+
+@pytest.mark.parametrize("kind", ["random", "format"])
+def test_each_control_config_states_its_run(kind):
+    """The comment of configs/gsm8k_control_KIND.yaml gives its committed run's figures as the
+    per-problem files give them (and for the format control, the updates its run skipped)."""
+    root = Path(__file__).resolve().parents[1]
+    run = root / "reports" / f"gsm8k_control_{kind}"
+    before, after = (read_jsonl(run / f"eval_{when}.jsonl.gz") for when in ("before", "after"))
+    test = mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after])
+    answered = [sum(r["answer"] is not None for r in rows) / len(rows) for rows in (before, after)]
+    comment = " ".join(word for line in (root / "configs" / f"gsm8k_control_{kind}.yaml").read_text().splitlines()
+                       if line.startswith("#") for word in line[1:].split())
+    assert (f"{test.before / 1319:.1%} -> {test.after / 1319:.1%} ({test.c} improved, {test.b} regressed, "
+            f"exact McNemar p = {test.p_value:.1e})") in comment
+    assert f"{answered[0]:.1%} -> {answered[1]:.1%}" in comment
+    if kind == "format":
+        skipped = [m["step"] for m in read_jsonl(run / "metrics.jsonl") if m.get("stats/update_skipped")]
+        assert f"from step {min(s for s in skipped if all(t in skipped for t in range(s, 49)))} on every update" in comment
+        assert f"({len(skipped)} of 48 in all)" in comment
