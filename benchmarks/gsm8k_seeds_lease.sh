@@ -2,9 +2,11 @@
 # The GPU runs behind the reward controls and Part II across seeds: 8 whole runs of the GSM8K
 # configs, one per GPU, in batches of as many runs as the machine has GPUs (4 GPUs: two batches, 2
 # GPUs: four). Modelled on small_cards_lease.sh. Batch 1 ran on 2026-11-28 (SLOTS="2 2 3 3" beside
-# small_cards_lease.sh's 'evaluate' plan on GPUs 0-1 of four H200s: 17:28-17:51, the two recipe
-# runs sharing GPU 3 held 142 of its 144 GB at their peak: two to a card is the edge, not a margin);
-# batch 2 has not run: on 4 GPUs it is one run a card, ~12 min with staging.
+# small_cards_lease.sh's 'evaluate' plan on GPUs 0-1 of four H200s: 17:28-17:51; nvidia-smi read
+# 142165 of GPU 3's 143771 MiB used by its two recipe runs at one reading, committed in
+# reports/performance/gsm8k_seeds_lease_1/nvidia-smi.txt: two to a card is the edge, not a margin);
+# batch 2 has not run: on 4 GPUs it is one run a card, ~12 min with staging. Queue N logs to gpuN.log
+# (N counts queues: with SLOTS, not the GPU; the watch names each queue's GPU).
 #
 #   bash benchmarks/gsm8k_seeds_lease.sh plan [BATCH]   # print what each GPU of a batch runs (all batches
 #                                                       # without BATCH); needs no GPU
@@ -14,7 +16,8 @@
 #                                                       # then pack what is done into $OUT/results.tar.gz
 #
 # Run from the repository root on the GPU machine, after `. $HOME/ppo-stage/env.sh` (device-stage
-# qwen-coder: the model and GSM8K). GPUS sets the batch size (default: the GPUs nvidia-smi lists).
+# qwen-coder: the model and GSM8K). GPUS sets the batch size, one run per GPU (default: the GPUs
+# nvidia-smi lists).
 # SLOTS places a batch by hand: the GPU of each of its runs, in order, so that two runs can share a
 # card (an H200 holds two of these runs, just: 36 GiB allocated each at most, more reserved) and the batch can sit beside another
 # script's queues: SLOTS="2 2 3 3" runs batch 1 as two runs on GPU 2 and two on GPU 3. Runs that share
@@ -54,18 +57,23 @@ RUNS=(
   "gsm8k_qwen_coder_dr_grpo_seed2 gsm8k_qwen_coder_dr_grpo.yaml train.seed=2"
 )
 
+# gpus: the batch size (SLOTS' word count, else GPUS); gpu_of I: the GPU of a batch's run I
 gpus() { if [ -n "${SLOTS:-}" ]; then wc -w <<< "$SLOTS"; else echo "${GPUS:-$(nvidia-smi -L 2>/dev/null | wc -l)}"; fi; }
-gpu_of() { if [ -n "${SLOTS:-}" ]; then read -ra slots <<< "$SLOTS"; echo "${slots[$1]}"; else echo "$1"; fi; }
+gpu_of() { if [ -n "${SLOTS:-}" ]; then local slots; read -ra slots <<< "$SLOTS"; echo "${slots[$1]}"; else echo "$1"; fi; }
+where() { if [ -n "${SLOTS:-}" ]; then echo "SLOTS='$SLOTS'"; else echo "$(gpus) GPUs"; fi; }
 
 batches() { local g; g=$(gpus); echo $(( (${#RUNS[@]} + g - 1) / g )); }
 
 check() {  # check BATCH: refuse a GPU count or a batch number that names no runs
   local g; g=$(gpus)
+  if [ -n "${SLOTS:-}" ] && ! [[ $SLOTS =~ ^[0-9]+( [0-9]+)*$ ]]; then
+    echo "SLOTS must be GPU numbers separated by single spaces, got '$SLOTS'" >&2; return 2
+  fi
   if ! [[ $g =~ ^[1-9][0-9]*$ ]]; then
     echo "no GPU to run on (GPUS='$g'; nvidia-smi lists none): set GPUS to the GPUs of the machine" >&2; return 2
   fi
   if ! [[ ${1:-} =~ ^[1-9][0-9]*$ ]] || [ "$1" -gt "$(batches)" ]; then
-    echo "BATCH must be 1 to $(batches) on $g GPUs, got '${1:-}'" >&2; return 2
+    echo "BATCH must be 1 to $(batches) on $(where), got '${1:-}'" >&2; return 2
   fi
 }
 
@@ -93,7 +101,7 @@ case "${1:-}" in
   plan)
     if [ -n "${2:-}" ]; then check "$2" || exit 2; plan "$2"; exit 0; fi
     check 1 || exit 2
-    for b in $(seq 1 "$(batches)"); do echo "--- batch $b of $(batches) ($(gpus) GPUs)"; plan "$b"; done
+    for b in $(seq 1 "$(batches)"); do echo "--- batch $b of $(batches) ($(where))"; plan "$b"; done
     ;;
   start)
     check "${2:-}" || exit 2

@@ -23,7 +23,7 @@ record_machine() {  # record_machine PYTHON: the cards and the library versions,
 }
 
 watch_queues() {  # watch_queues LINES EXCLUDE...: wait up to WATCH_S seconds (default 540) for every
-  # queue's marker, print each GPU's log lines matching the regex LINES, then pack $R (less the
+  # queue's marker, print each queue's log lines matching the regex LINES, then pack $R (less the
   # EXCLUDE patterns: checkpoints and the like) into $OUT/results.tar.gz
   local lines=$1; shift
   local queues end slot excludes=()

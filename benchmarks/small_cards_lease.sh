@@ -49,10 +49,11 @@
 #          backward), the 24 GB profile in float16
 # PLAN evaluate (2 GPUs): the last lever on the card goal by the estimate (generation and the float32
 #   greedy evaluations bound the small cards; reports/performance.md Part 8):
-#   GPU 0: the float16 profile's whole run evaluated greedily by its float16 compiled sampler, before
-#          and after alike (eval.model=sampler): its accuracy, and the evaluations' seconds
-#   GPU 1: the float16 profile's whole run as shipped (evaluated in float32), after the overflow test
-#          moved: its whole-run step, and a second draw of its gain
+#   GPU 0: the float16 profile's whole run evaluated greedily by its float16 sampler copy (eager),
+#          before and after alike (eval.model=sampler): its accuracy, and the evaluations' seconds
+#   GPU 1: the float16 profile's whole run evaluated in float32 (as it shipped then), after the
+#          overflow test moved: its whole-run step, and a second draw of its gain
+#   Ran 2026-11-28 (reports/performance.md Part 9); the profile now evaluates by its sampler.
 set -uo pipefail
 W=$HOME/w
 R=$HOME/r
@@ -145,7 +146,7 @@ plan_next() {
 
 plan_evaluate() {
   queue 0 "$(run 16gb_float16_sampler_eval 16gb_float16 eval.model=sampler)"
-  queue 1 "$(run 16gb_float16 16gb_float16)"
+  queue 1 "$(run 16gb_float16 16gb_float16 eval.model=null)"
 }
 
 case "${1:-}" in

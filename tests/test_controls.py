@@ -140,7 +140,6 @@ def correct(records: list[dict]) -> list[bool]:
     return [bool(r["correct"]) for r in records]
 
 
-@pytest.mark.skipif(not all(f.is_dir() for f in CONTROL_RUNS.values()), reason="the control runs are not committed yet")
 def test_the_pages_state_the_committed_controls_figures():
     """docs/results.md's table and prose, training.md's sentence and the README's clause on the
     controls: each figure from the runs' per-problem evaluations (course.controls.figures, exact

@@ -28,10 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SEEDS = (0, 1, 2)
 FOLDERS = {seed: ROOT / "reports" / f"gsm8k_qwen_coder_4gpu_seed{seed}" for seed in SEEDS}
 
-pytestmark = pytest.mark.skipif(not all(folder.is_dir() for folder in FOLDERS.values()),
-                                reason="the 4-GPU seed runs are not committed yet")
-
-
 @pytest.fixture(scope="module")
 def figures() -> dict:
     """Per seed: the exact McNemar test and the summary, from the committed files."""
@@ -126,7 +122,8 @@ def test_the_results_page_states_seeds_3_and_4_and_the_spread_over_every_run():
                 f"{t4.c} / {t4.b}, p = {t4.p_value:.1e}; KL {s3['kl_final']:.1f} and {s4['kl_final']:.1f} nats at the last "
                 f"step against the budget of 30)",
                 f"({s3['seconds_per_step_median']:.1f} and {s4['seconds_per_step_median']:.1f} s of rollout + update a step"]
-    # Sharing a card about doubled the step against one run alone (the scaling table's single launch).
+    # Sharing a card about doubled the step against one run alone (the scaling table's single launch):
+    # "about twice" is what the page says, and here it means within 10% of 2.
     alone = next(r["seconds_per_step"] for r in json.loads((ROOT / "reports" / "multi_gpu" / "scaling.json").read_text())
                  if r["launch"] == "single")
     assert all(1.8 < s["seconds_per_step_median"] / alone < 2.2 for s in (s3, s4))
@@ -144,8 +141,6 @@ def test_the_results_page_states_seeds_3_and_4_and_the_spread_over_every_run():
 
 
 def test_the_readme_states_the_recipes_spread():
-    (t3, _), (t4, _) = rescored(ONE_GPU[3]), rescored(ONE_GPU[4])
     _, (count, mean, span, reach) = spread()
-    text = (f"seeds 3 and 4 on one GPU {100 * t3.diff:+.1f} and {100 * t4.diff:+.1f} (with the run above, {count}: "
-            f"{mean} on average, {span}, {reach})")
+    text = f"{count} gain {span} points ({mean} on average; {reach})"
     assert text in joined(ROOT / "README.md"), text

@@ -105,7 +105,8 @@ def test_slots_put_two_runs_on_one_card_beside_other_queues(tmp_path):
     plan = lease("plan", "1", SLOTS="2 2 3 3")
     assert [line.split(":")[0] for line in plan.stdout.splitlines()] == ["GPU 2", "GPU 2", "GPU 3", "GPU 3"]
     assert "gsm8k_qwen_coder_seed4" in plan.stdout.splitlines()[3]
-    assert "BATCH must be 1 to 2" in lease("plan", "3", SLOTS="2 2 3 3").stderr
+    assert "BATCH must be 1 to 2 on SLOTS='2 2 3 3', got '3'" in lease("plan", "3", SLOTS="2 2 3 3").stderr
+    assert "SLOTS must be GPU numbers" in lease("plan", "1", SLOTS="2,3").stderr
     fake = tmp_path / "python"
     fake.write_text('#!/usr/bin/env bash\necho "$CUDA_VISIBLE_DEVICES $*" >> "$HOME/calls.txt"\n')
     fake.chmod(0o755)

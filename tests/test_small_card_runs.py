@@ -502,3 +502,63 @@ def test_the_handout_s_float16_mismatch_figures_are_the_three_runs():
     assert (f"{min(medians):.1e} to {max(medians):.1e} (medians of its three whole runs; at most {most:.1e}), "
             f"the largest ratio {min(ratios):.2f} to {max(ratios):.2f}, no token far").replace("e-06", "e-6").replace(
                 "e-05", "e-5") in text
+
+
+def test_the_bfloat16_sampler_s_mismatch_is_stated_from_every_float32_run():
+    """The recipe's config and handout section 6 state the bfloat16 sampler's mismatch over every
+    committed whole run that sampled with it while the policy trained in float32 (the recipe's own
+    setting): the range of the runs' sampler_kl medians and its largest value, how many of a run's
+    steps had a far token and the largest far share, and the largest token ratio with the steps
+    over TRL's cap of 3."""
+    runs = []
+    for folder in sorted(REPORTS.glob("gsm8k_*/")):
+        cfg = OmegaConf.load(folder / "config.yaml")
+        if cfg.rollout.get("generation_dtype") == "bfloat16" and not cfg.model.get("train_dtype"):
+            metrics = read_jsonl(folder / "metrics.jsonl")
+            if all(key in m for m in metrics for key in SAMPLER_KEYS):
+                runs.append(metrics)
+    medians = [statistics.median(m["rollout/sampler_kl"] for m in run) for run in runs]
+    far_steps = [sum(m["rollout/sampler_far_share"] > 0 for m in run) for run in runs]
+    steps = [m for run in runs for m in run]
+    most, far = max(m["rollout/sampler_kl"] for m in steps), max(m["rollout/sampler_far_share"] for m in steps)
+    ratio, over = max(m["rollout/sampler_ratio_max"] for m in steps), sum(m["rollout/sampler_ratio_max"] > 3 for m in steps)
+    config = joined_text((ROOT / "configs" / "gsm8k_qwen_coder.yaml").read_text())
+    assert (f"over the {len(runs)} whole runs of 48 steps with this bfloat16 sampler and a float32 policy (H200): "
+            f"medians {min(medians):.1e} to {max(medians):.1e} nats a token, at most {most:.1e}; a token's ratio left "
+            f"[1/2, 2] in {min(far_steps)} to {max(far_steps)} of a run's steps, at most {far:.1e} of a step's tokens; "
+            f"the largest ratio {ratio:.2f}, over 3 in {over} step of the {len(steps)}").replace("e-0", "e-") in config
+    handout = joined_text((ROOT / "handout.md").read_text())
+    assert (f"{min(medians):.1e} to {max(medians):.1e} on Qwen (medians of the recipe's six whole runs with it on an "
+            f"H200; at most {most:.1e}), a token far in {min(far_steps)} to {max(far_steps)} of a run's 48 steps (at most "
+            f"{far:.1e} of a step's tokens), the largest ratio {ratio:.2f} once").replace("e-0", "e-") in handout
+    assert len(runs) == 6 and over == 1
+
+
+def test_the_float16_config_and_the_handout_state_its_runs_and_estimates():
+    """configs/gsm8k_qwen_coder_16gb_float16.yaml's comment gives its three runs' figures as their
+    files do (accuracy, p, step; the sampler's mismatch range), and handout section 7 its shipped
+    run and Part 9's estimate for each card by kernel kind."""
+    estimate = card_estimate()
+    folders = (FLOAT16_RUN, FIRST_FLOAT16, REPORTS / "gsm8k_qwen_coder_16gb_float16_rerun")
+    config = joined_text((ROOT / "configs" / "gsm8k_qwen_coder_16gb_float16.yaml").read_text())
+    handout = joined_text((ROOT / "handout.md").read_text())
+    medians, ratios = [], []
+    for folder in folders:
+        test, summary = rescored(folder)
+        metrics = read_jsonl(folder / "metrics.jsonl")
+        for figure in (f"{summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}", f"p = {test.p_value:.1e}",
+                       f"{seconds_per_step(folder):.1f} s a"):
+            assert figure in config, (folder.name, figure)
+        medians.append(statistics.median(m["rollout/sampler_kl"] for m in metrics))
+        ratios.append(max(m["rollout/sampler_ratio_max"] for m in metrics))
+    assert f"medians {min(medians):.1e} to {max(medians):.1e}".replace("e-0", "e-") in config
+    assert f"pi_policy / pi_sampler {min(ratios):.2f} to {max(ratios):.2f}" in config
+    _, summary = rescored(FLOAT16_RUN)
+    assert (f"its run, {summary['accuracy_before']:.1%} -> {summary['accuracy_after']:.1%}, peak "
+            f"{summary['peak_memory_gib_step']:.1f} GiB, {seconds_per_step(FLOAT16_RUN):.1f} s a step (median of steps 2-48)") in handout
+    short = {"RTX 4060 Ti 16GB": "RTX 4060 Ti", "V100 16GB (SXM2)": "V100"}
+    for which in ("part9-float16-24gb", "part9-float16-16gb"):
+        inputs, rows = by_kind_rows(which)
+        for name, row in rows.items():
+            if name != inputs[-1]:
+                assert f"{short.get(name, name)} ~{estimate.duration(row['16-bit'][1])}" in handout, name
