@@ -107,25 +107,16 @@ def launch(*argv: str, processes: int = 2, fsdp: bool = False) -> subprocess.Com
     return done
 
 
-@pytest.fixture(scope="module")
-def one_process_step(tmp_path_factory) -> Path:
-    """The single process's run of tests/distributed_check.py, which both DDP and FSDP2 are held
-    against: its only argument is the output file, so it is the same run for both; made once."""
-    path = tmp_path_factory.mktemp("one-process") / "one.pt"
-    subprocess.run([sys.executable, "tests/distributed_check.py", str(path)], cwd=ROOT, check=True,
-                   env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return path
-
-
 @pytest.mark.slow
-@pytest.mark.xdist_group("distributed-one-process-step")  # one worker: one_process_step made once for both
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
-def test_two_processes_give_the_single_process_step(tmp_path, fsdp, one_process_step):
+def test_two_processes_give_the_single_process_step(tmp_path, fsdp):
     """The bound above holds for FSDP2 as for DDP: each process's gradients are computed alike
     (the weights it gathers are exact copies of the shards), and the reduce-scatter adds one
     rounding in the average as DDP's all-reduce does (the division by 2 processes is exact)."""
+    subprocess.run([sys.executable, "tests/distributed_check.py", str(tmp_path / "one.pt")], cwd=ROOT, check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
     launch("tests/distributed_check.py", str(tmp_path / "two.pt"), fsdp=fsdp)
-    one, two = (torch.load(path, weights_only=False) for path in (one_process_step, tmp_path / "two.pt"))
+    one, two = (torch.load(tmp_path / f"{n}.pt", weights_only=False) for n in ("one", "two"))
     assert (one["world_size"], two["world_size"]) == (1, 2)
     # The norms of two gradients within 2 K U S of each other (as in (2)) differ by at most the norm
     # of that, plus each norm's own rounding: a sum of squares, whose terms cannot cancel, so
