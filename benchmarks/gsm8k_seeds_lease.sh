@@ -22,6 +22,11 @@
 # card (an H200 holds two of these runs, just: 36 GiB allocated each at most, more reserved) and the batch can sit beside another
 # script's queues: SLOTS="2 2 3 3" runs batch 1 as two runs on GPU 2 and two on GPU 3. Runs that share
 # a card report their steps' seconds shared; what they compute does not depend on it.
+# CAP_GIB caps each run's allocator (train.max_gpu_memory_gib) so that runs sharing a card cannot
+# starve each other: uncapped, one run's cache reserved up to 115 GiB of the H200's 140 (batch 1),
+# and the other's next allocation would fail. CAP_GIB=68 gives two runs 136 GiB with their CUDA
+# contexts inside 140, twice the 35.7 GiB a run allocates at most. The cap changes where the
+# allocator fails, not what a run computes (course/committed.py counts it as run control).
 # The queues run from a copy of the tree outside the repository (the device tool replaces the
 # working tree between calls), each in a process group of its own (setsid), so that they outlive
 # the call. Each queue runs its run whole (no time limit, no final checkpoint: neither changes
@@ -80,7 +85,7 @@ check() {  # check BATCH: refuse a GPU count or a batch number that names no run
 run() {  # run NAME CONFIG OVERRIDES...: the whole run, then (if it finished) its report
   local name=$1 config=$2; shift 2
   echo "$PYTHON -m assignment.trainer --config configs/$config --impl solutions/exercises.py \
-train.output_dir=$R/$name train.time_limit_s=null train.final_checkpoint=false${*:+ $*} && \
+train.output_dir=$R/$name train.time_limit_s=null train.final_checkpoint=false${CAP_GIB:+ train.max_gpu_memory_gib=$CAP_GIB}${*:+ $*} && \
 $PYTHON -m assignment.trainer --report $R/$name --report-out $R/reports/$name.md${STAGING_S:+ --staging-seconds $STAGING_S}"
 }
 

@@ -19,10 +19,12 @@ from assignment.trainer.config import Config, load_config
 
 # Where the run was, not what it computed: the device's paths and how the run was split into calls.
 # Keys that say where a run's files go, how long a call may run, where the model and data are, or
-# whether the card may start it (train.min_gpu_memory_gib: a check before loading): none changes
-# what the run computes.
+# whether the card may start it (train.min_gpu_memory_gib: a check before loading) or how much of it
+# the allocator may hold (train.max_gpu_memory_gib: past it a run fails, it computes nothing else):
+# none changes what the run computes.
 RUN_CONTROL = frozenset({"train.output_dir", "train.time_limit_s", "train.final_checkpoint", "model.name",
-                         "model.gguf_file", "data.local_dir", "train.min_gpu_memory_gib"})
+                         "model.gguf_file", "data.local_dir", "train.min_gpu_memory_gib",
+                         "train.max_gpu_memory_gib"})
 
 
 def flat(tree: dict, prefix: str = "") -> dict[str, Any]:

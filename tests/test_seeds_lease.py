@@ -117,3 +117,18 @@ def test_slots_put_two_runs_on_one_card_beside_other_queues(tmp_path):
     assert "queue 1 (CUDA_VISIBLE_DEVICES 1) done" in watched.stdout
     runs = [c for c in (tmp_path / "calls.txt").read_text().splitlines() if "-m assignment.trainer" in c]
     assert len(runs) == 4 and {c.split()[0] for c in runs} == {"1"}, runs  # two runs and two reports, on GPU 1
+
+
+def test_cap_gib_caps_every_run_of_a_batch_and_counts_as_run_control():
+    """CAP_GIB=68 (two runs on one card): each run of the batch gets train.max_gpu_memory_gib=68,
+    which loads, and the committed-run checks read as run control, not as a changed computation."""
+    plan = lease("plan", "2", SLOTS="0 0 1 1", CAP_GIB="68").stdout.splitlines()
+    assert [line.split(":")[0] for line in plan] == ["GPU 0", "GPU 0", "GPU 1", "GPU 1"]
+    for line in plan:
+        words = shlex.split(line.split(": ", 1)[1].split(" && ")[0])
+        config, overrides = words[words.index("--config") + 1], [w for w in words if "=" in w]
+        assert "train.max_gpu_memory_gib=68" in overrides, line
+        ran = flat(vars_of(load_config(ROOT / config, overrides)))
+        assert ran["train.max_gpu_memory_gib"] == 68
+        assert changed(ran, shipped_config(ROOT / config)) <= {"train.seed"}, line
+    assert "max_gpu_memory_gib" not in lease("plan", "2", SLOTS="0 0 1 1").stdout
