@@ -4,8 +4,11 @@
 # GPUs: four). Modelled on small_cards_lease.sh. Batch 1 ran on 2026-11-28 (SLOTS="2 2 3 3" beside
 # small_cards_lease.sh's 'evaluate' plan on GPUs 0-1 of four H200s: 17:28-17:51; nvidia-smi read
 # 142165 of GPU 3's 143771 MiB used by its two recipe runs at one reading, committed in
-# reports/performance/gsm8k_seeds_lease_1/nvidia-smi.txt: two to a card is the edge, not a margin);
-# batch 2 has not run: on 4 GPUs it is one run a card, ~12 min with staging. Queue N logs to gpuN.log
+# reports/performance/gsm8k_seeds_lease_1/nvidia-smi.txt: two to a card is the edge, not a margin).
+# Batch 2 ran the same day on two H200s, two runs a card under a cap (SLOTS="0 0 1 1" CAP_GIB=68:
+# from 20:41:52, 1,322-1,332 s a run with both evaluations; each run reserved at most 39 GiB,
+# nvidia-smi read at most 59799 MiB a card: reports/performance/gsm8k_seeds_lease_2/). Staging it
+# took 21 calls (device-stage cut 22 folders beside a 35 MiB checkout). Queue N logs to gpuN.log
 # (N counts queues: with SLOTS, not the GPU; the watch names each queue's GPU).
 #
 #   bash benchmarks/gsm8k_seeds_lease.sh plan [BATCH]   # print what each GPU of a batch runs (all batches
@@ -35,7 +38,8 @@
 # w and r of small_cards_lease.sh, so that both can run on one machine):
 #
 #   batch 1 of 4 GPUs: the random and format controls, the recipe's seeds 3 and 4;
-#   batch 2: GRPO's and Dr. GRPO's seeds 1 and 2 (2 GPUs: the same order, two runs a batch).
+#   batch 2: GRPO's and Dr. GRPO's seeds 1 and 2 (2 GPUs: the same order, two runs a batch; with
+#   SLOTS="0 0 1 1" CAP_GIB=68, all four on two GPUs as it ran).
 #
 # A whole run of the recipe took 11 min on an H200 with both evaluations; `watch` again until every
 # queue says done. Then, on the CPU machine, from the repository root, with the tar unpacked in FILES:

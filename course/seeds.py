@@ -16,7 +16,8 @@ The ablation's seeds (``ABLATION``): one GPU per run, as the seed-0 runs were ma
 recipe's one-GPU runs, seeds 0, 3 and 4: its seeds 1 and 2 were run on 4 GPUs (another launch:
 the recipe's spread counts them, the ablation does not). The page's tables between ``BEGIN`` and
 ``END`` are generated: the seed-0 runs side by side (``assignment.trainer.ablation.compare_tables``,
-what ``ppo-train --compare`` prints), then each method across the seeds present, then a line
+what ``ppo-train --compare`` prints), then each method across the seeds present and each run's own
+figures (wrong answers' lengths, answered and cut shares, KL, unanimous groups), then a line
 naming the seeds absent. The page's prose around them is written by hand.
 """
 
@@ -65,6 +66,10 @@ class SeedRun:
     test: McNemar  # greedy outcomes, before -> after
     wrong_length: tuple[float | None, float | None]  # greedy wrong answers' mean tokens, before and after
     sampled_wrong: tuple[float | None, float | None]  # rollout/length_wrong, first and last REWARD_WINDOW steps
+    answered: tuple[float, float]  # share of greedy answers with a readable final answer, before and after
+    cut: float  # share of greedy answers after training that reached the token limit before an EOS
+    kl: tuple[float | None, float | None]  # rollout/kl: mean of the last REWARD_WINDOW steps, and its largest
+    unanimous: tuple[float | None, float | None]  # rollout/zero_spread_groups, first and last REWARD_WINDOW steps
 
     @property
     def gain(self) -> float:
@@ -85,12 +90,21 @@ def seed_run(folder: Path) -> SeedRun:
     metrics = read_jsonl(folder / METRICS)
     windows = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
     runs = json.loads((folder / "run.json").read_text())
+    kl = [m["rollout/kl"] for m in metrics if "rollout/kl" in m]
     return SeedRun(folder, int(run_config(folder)["train.seed"]), max(r.get("world_size", 1) for r in runs),
                    mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after]),
                    tuple(_mean([r["length"] for r in records if not r["correct"] and "length" in r])
                          for records in (before, after)),
-                   tuple(_mean([m["rollout/length_wrong"] for m in window if "rollout/length_wrong" in m])
-                         for window in windows))
+                   _windows(windows, "rollout/length_wrong"),
+                   tuple(sum(r["answer"] is not None for r in records) / len(records) for records in (before, after)),
+                   sum(not r.get("finished", True) for r in after) / len(after),
+                   (_mean([m["rollout/kl"] for m in windows[1] if "rollout/kl" in m]), max(kl, default=None)),
+                   _windows(windows, "rollout/zero_spread_groups"))
+
+
+def _windows(windows: tuple[list[dict], list[dict]], key: str) -> tuple[float | None, float | None]:
+    """The mean of metric ``key`` over the first and over the last steps (None where not logged)."""
+    return tuple(_mean([m[key] for m in window if key in m]) for window in windows)
 
 
 def gather(folders: dict[int, Path], config: Path) -> tuple[list[SeedRun], dict[int, str]]:
@@ -127,7 +141,11 @@ def _range(values: list[float], spec: str, unit: str = "", single: str = " (one 
 
 
 def _tokens(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.0f}"
+    return _f(value, ".0f")
+
+
+def _f(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def _listing(items: list[str]) -> str:
@@ -143,27 +161,36 @@ def across_seeds(reports: Path = REPORTS, configs: Path = ROOT / "configs") -> s
         lines += ["Across seeds (one GPU per run; mean and, in brackets, the lowest and highest of the seeds present; "
                   "significant: exact McNemar p < 0.05):", "",
                   "| method | seeds | greedy accuracy after | change, points | significant gains | "
-                  "wrong answers' greedy length, before -> after |", "|---|---|---|---|---|---|"]
+                  f"wrong answers' greedy length, before -> after | KL nats/seq, last {REWARD_WINDOW} steps |",
+                  "|---|---|---|---|---|---|---|"]
         for method, (runs, _) in gathered.items():
             if not runs:
-                lines.append(f"| {ALGORITHM_NAMES[method]} | none | | | | |")
+                lines.append(f"| {ALGORITHM_NAMES[method]} | none | | | | | |")
                 continue
             after = [100 * r.test.after / r.test.n for r in runs]
             wrong = [[r.wrong_length[i] for r in runs if r.wrong_length[i] is not None] for i in (0, 1)]
             lines.append(f"| {ALGORITHM_NAMES[method]} | {', '.join(str(r.seed) for r in runs)} | "
                          f"{_range(after, '.1f', '%')} | {_range([r.gain for r in runs], '+.1f')} | "
                          f"{sum(r.test.p_value < 0.05 and r.gain > 0 for r in runs)} of {len(runs)} | "
-                         f"{_range(wrong[0], '.0f', single='')} -> {_range(wrong[1], '.0f', single='')} |")
-        lines += ["", f"The length of wrong answers over training, per run: sampled (`rollout/length_wrong`, mean of "
-                  f"the first / last {REWARD_WINDOW} steps) and greedy (before -> after):", "",
-                  "| run | seed | sampled wrong answers, first / last steps | greedy wrong answers, before -> after |",
-                  "|---|---|---|---|"]
+                         f"{_range(wrong[0], '.0f', single='')} -> {_range(wrong[1], '.0f', single='')} | "
+                         f"{_range([r.kl[0] for r in runs if r.kl[0] is not None], '.1f', single='')} |")
+        w = REWARD_WINDOW
+        lines += ["", f"Per run: the length of wrong answers, sampled (`rollout/length_wrong`, mean of the first / "
+                  f"last {w} steps) and greedy (before -> after); the greedy answers with a readable final answer "
+                  f"and those cut at the token limit; KL to the reference (`rollout/kl`, mean of the last {w} steps, "
+                  f"and its largest); the share of groups whose responses all earned the same reward "
+                  f"(`rollout/zero_spread_groups`, first / last {w} steps; PPO has no groups):", "",
+                  "| run | seed | wrong answers, sampled | wrong answers, greedy | answered, greedy | cut, after "
+                  "| KL nats/seq | unanimous groups |", "|---|---|---|---|---|---|---|---|"]
         for runs, _ in gathered.values():
             for r in runs:
                 sampled = ("not logged (the run predates `rollout/length_wrong`)" if r.sampled_wrong[0] is None
                            else f"{_tokens(r.sampled_wrong[0])} / {_tokens(r.sampled_wrong[1])}")
+                unanimous = "n/a" if r.unanimous[0] is None else f"{r.unanimous[0]:.2f} / {r.unanimous[1]:.2f}"
                 lines.append(f"| {run_label(r.folder)} | {r.seed} | {sampled} | "
-                             f"{_tokens(r.wrong_length[0])} -> {_tokens(r.wrong_length[1])} |")
+                             f"{_tokens(r.wrong_length[0])} -> {_tokens(r.wrong_length[1])} | "
+                             f"{r.answered[0]:.1%} -> {r.answered[1]:.1%} | {r.cut:.1%} | "
+                             f"{_f(r.kl[0], '.1f')} ({_f(r.kl[1], '.1f')}) | {unanimous} |")
         lines.append("")
     else:
         lines.append("One seed per method so far: the tables above are all the ablation holds.")
