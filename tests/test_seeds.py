@@ -9,6 +9,7 @@ from statistics import mean, median
 
 import pytest
 import yaml
+from report_runs import rescored
 
 from assignment.trainer.runlog import read_jsonl, write_gz
 from course import seeds
@@ -287,3 +288,14 @@ def test_docs_and_the_handout_state_what_the_seeds_support():
         assert f"KL {one.kl[0]:.1f} and {two.kl[0]:.1f} nats" in header, name
     lengths = [json.loads((r.folder / "summary.json").read_text())["response_length_after"] for r in runs["dr_grpo"][1:]]
     assert f"answers 282 -> {lengths[0]:.0f} and {lengths[1]:.0f} tokens" in header
+
+
+@pytest.mark.parametrize("name", [name for _, folders in seeds.ABLATION.values() for name in folders.values()])
+def test_each_ablation_run_is_whole_and_rescores_from_its_own_files(name):
+    """Every run the ablation counts: greedy outcomes on all 1319 problems that give its summary's
+    accuracies and McNemar test, 48 logged steps, and a finished run on one process."""
+    folder = seeds.REPORTS / name
+    test, summary = rescored(folder)
+    assert test.n == 1319 and summary["steps"] == len(read_jsonl(folder / "metrics.jsonl")) == 48
+    runs = json.loads((folder / "run.json").read_text())
+    assert runs[-1]["status"] == "finished" and {r.get("world_size", 1) for r in runs} == {1}
