@@ -28,7 +28,7 @@
 # CAP_GIB caps each run's allocator (train.max_gpu_memory_gib) so that runs sharing a card cannot
 # starve each other: uncapped, one run's cache reserved up to 115 GiB of the H200's 140 (batch 1),
 # and the other's next allocation would fail. CAP_GIB=68 gives two runs 136 GiB with their CUDA
-# contexts inside 140, twice the 35.7 GiB a run allocates at most. The cap changes where the
+# contexts inside 140, nearly twice the 35.7 GiB a run allocates at most. The cap changes where the
 # allocator fails, not what a run computes (course/committed.py counts it as run control).
 # The queues run from a copy of the tree outside the repository (the device tool replaces the
 # working tree between calls), each in a process group of its own (setsid), so that they outlive

@@ -90,7 +90,6 @@ def seed_run(folder: Path) -> SeedRun:
     metrics = read_jsonl(folder / METRICS)
     windows = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
     runs = json.loads((folder / "run.json").read_text())
-    kl = [m["rollout/kl"] for m in metrics if "rollout/kl" in m]
     return SeedRun(folder, int(run_config(folder)["train.seed"]), max(r.get("world_size", 1) for r in runs),
                    mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after]),
                    tuple(_mean([r["length"] for r in records if not r["correct"] and "length" in r])
@@ -98,7 +97,8 @@ def seed_run(folder: Path) -> SeedRun:
                    _windows(windows, "rollout/length_wrong"),
                    tuple(sum(r["answer"] is not None for r in records) / len(records) for records in (before, after)),
                    sum(not r.get("finished", True) for r in after) / len(after),
-                   (_mean([m["rollout/kl"] for m in windows[1] if "rollout/kl" in m]), max(kl, default=None)),
+                   (_windows(windows, "rollout/kl")[1], max((m["rollout/kl"] for m in metrics if "rollout/kl" in m),
+                                                            default=None)),
                    _windows(windows, "rollout/zero_spread_groups"))
 
 
@@ -140,10 +140,6 @@ def _range(values: list[float], spec: str, unit: str = "", single: str = " (one 
            f"{format(max(values), spec)}{unit})"
 
 
-def _tokens(value: float | None) -> str:
-    return _f(value, ".0f")
-
-
 def _f(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
@@ -174,21 +170,21 @@ def across_seeds(reports: Path = REPORTS, configs: Path = ROOT / "configs") -> s
                          f"{sum(r.test.p_value < 0.05 and r.gain > 0 for r in runs)} of {len(runs)} | "
                          f"{_range(wrong[0], '.0f', single='')} -> {_range(wrong[1], '.0f', single='')} | "
                          f"{_range([r.kl[0] for r in runs if r.kl[0] is not None], '.1f', single='')} |")
-        w = REWARD_WINDOW
         lines += ["", f"Per run: the length of wrong answers, sampled (`rollout/length_wrong`, mean of the first / "
-                  f"last {w} steps) and greedy (before -> after); the greedy answers with a readable final answer "
-                  f"and those cut at the token limit; KL to the reference (`rollout/kl`, mean of the last {w} steps, "
-                  f"and its largest); the share of groups whose responses all earned the same reward "
-                  f"(`rollout/zero_spread_groups`, first / last {w} steps; PPO has no groups):", "",
+                  f"last {REWARD_WINDOW} steps) and greedy (before -> after); the greedy answers with a readable "
+                  f"final answer and those cut at the token limit; KL to the reference (`rollout/kl`, mean of the "
+                  f"last {REWARD_WINDOW} steps, and its largest); the share of groups whose responses all earned the "
+                  f"same reward (`rollout/zero_spread_groups`, first / last {REWARD_WINDOW} steps; PPO has no groups):",
+                  "",
                   "| run | seed | wrong answers, sampled | wrong answers, greedy | answered, greedy | cut, after "
                   "| KL nats/seq | unanimous groups |", "|---|---|---|---|---|---|---|---|"]
         for runs, _ in gathered.values():
             for r in runs:
                 sampled = ("not logged (the run predates `rollout/length_wrong`)" if r.sampled_wrong[0] is None
-                           else f"{_tokens(r.sampled_wrong[0])} / {_tokens(r.sampled_wrong[1])}")
+                           else f"{_f(r.sampled_wrong[0], '.0f')} / {_f(r.sampled_wrong[1], '.0f')}")
                 unanimous = "n/a" if r.unanimous[0] is None else f"{r.unanimous[0]:.2f} / {r.unanimous[1]:.2f}"
                 lines.append(f"| {run_label(r.folder)} | {r.seed} | {sampled} | "
-                             f"{_tokens(r.wrong_length[0])} -> {_tokens(r.wrong_length[1])} | "
+                             f"{_f(r.wrong_length[0], '.0f')} -> {_f(r.wrong_length[1], '.0f')} | "
                              f"{r.answered[0]:.1%} -> {r.answered[1]:.1%} | {r.cut:.1%} | "
                              f"{_f(r.kl[0], '.1f')} ({_f(r.kl[1], '.1f')}) | {unanimous} |")
         lines.append("")
