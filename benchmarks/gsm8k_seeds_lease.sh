@@ -22,9 +22,10 @@
 # qwen-coder: the model and GSM8K). GPUS sets the batch size, one run per GPU (default: the GPUs
 # nvidia-smi lists).
 # SLOTS places a batch by hand: the GPU of each of its runs, in order, so that two runs can share a
-# card (an H200 holds two of these runs, just: 36 GiB allocated each at most, more reserved) and the batch can sit beside another
-# script's queues: SLOTS="2 2 3 3" runs batch 1 as two runs on GPU 2 and two on GPU 3. Runs that share
-# a card report their steps' seconds shared; what they compute does not depend on it.
+# card (an H200 holds two of these runs, just: 36 GiB allocated each at most, more reserved) and the
+# batch can sit beside another script's queues: SLOTS="2 2 3 3" runs batch 1 as two runs on GPU 2
+# and two on GPU 3. Runs that share a card report their steps' seconds shared; what they compute
+# does not depend on it.
 # CAP_GIB caps each run's allocator (train.max_gpu_memory_gib) so that runs sharing a card cannot
 # starve each other: uncapped, one run's cache reserved up to 115 GiB of the H200's 140 (batch 1),
 # and the other's next allocation would fail. CAP_GIB=68 gives two runs 136 GiB with their CUDA

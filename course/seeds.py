@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from assignment.trainer.ablation import compare_tables, evaluations
+from assignment.trainer.ablation import compare_tables, evaluations, fmt, mean_or_none, window_mean
 from assignment.trainer.config import ALGORITHM_NAMES
 from assignment.trainer.runlog import METRICS, REWARD_WINDOW, RunFileError, read_jsonl, run_label
 from assignment.trainer.stats import McNemar, mcnemar_exact
@@ -77,10 +77,6 @@ class SeedRun:
         return 100 * self.test.diff
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
 def seed_run(folder: Path) -> SeedRun:
     """A report folder's figures. Raises FileNotFoundError, RunFileError or ValueError where its
     files are missing, unreadable or not the same problems before and after."""
@@ -88,23 +84,22 @@ def seed_run(folder: Path) -> SeedRun:
     if [r["question"] for r in before] != [r["question"] for r in after]:
         raise ValueError(f"{folder}: the evaluations before and after are not the same problems")
     metrics = read_jsonl(folder / METRICS)
-    windows = metrics[:REWARD_WINDOW], metrics[-REWARD_WINDOW:]
     runs = json.loads((folder / "run.json").read_text())
     return SeedRun(folder, int(run_config(folder)["train.seed"]), max(r.get("world_size", 1) for r in runs),
                    mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after]),
-                   tuple(_mean([r["length"] for r in records if not r["correct"] and "length" in r])
+                   tuple(mean_or_none([r["length"] for r in records if not r["correct"] and "length" in r])
                          for records in (before, after)),
-                   _windows(windows, "rollout/length_wrong"),
+                   _windows(metrics, "rollout/length_wrong"),
                    tuple(sum(r["answer"] is not None for r in records) / len(records) for records in (before, after)),
                    sum(not r.get("finished", True) for r in after) / len(after),
-                   (_windows(windows, "rollout/kl")[1], max((m["rollout/kl"] for m in metrics if "rollout/kl" in m),
-                                                            default=None)),
-                   _windows(windows, "rollout/zero_spread_groups"))
+                   (window_mean(metrics, "rollout/kl", last=True),
+                    max((m["rollout/kl"] for m in metrics if "rollout/kl" in m), default=None)),
+                   _windows(metrics, "rollout/zero_spread_groups"))
 
 
-def _windows(windows: tuple[list[dict], list[dict]], key: str) -> tuple[float | None, float | None]:
-    """The mean of metric ``key`` over the first and over the last steps (None where not logged)."""
-    return tuple(_mean([m[key] for m in window if key in m]) for window in windows)
+def _windows(metrics: list[dict], key: str) -> tuple[float | None, float | None]:
+    """Metric ``key``'s mean over the first and over the last REWARD_WINDOW steps (None where not logged)."""
+    return window_mean(metrics, key, last=False), window_mean(metrics, key, last=True)
 
 
 def gather(folders: dict[int, Path], config: Path) -> tuple[list[SeedRun], dict[int, str]]:
@@ -138,10 +133,6 @@ def _range(values: list[float], spec: str, unit: str = "", single: str = " (one 
         return f"{format(values[0], spec)}{unit}{single}"
     return f"{format(statistics.mean(values), spec)}{unit} ({format(min(values), spec)}{unit} to " \
            f"{format(max(values), spec)}{unit})"
-
-
-def _f(value: float | None, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
 
 
 def _listing(items: list[str]) -> str:
@@ -181,12 +172,12 @@ def across_seeds(reports: Path = REPORTS, configs: Path = ROOT / "configs") -> s
         for runs, _ in gathered.values():
             for r in runs:
                 sampled = ("not logged (the run predates `rollout/length_wrong`)" if r.sampled_wrong[0] is None
-                           else f"{_f(r.sampled_wrong[0], '.0f')} / {_f(r.sampled_wrong[1], '.0f')}")
+                           else f"{fmt(r.sampled_wrong[0], '.0f')} / {fmt(r.sampled_wrong[1], '.0f')}")
                 unanimous = "n/a" if r.unanimous[0] is None else f"{r.unanimous[0]:.2f} / {r.unanimous[1]:.2f}"
                 lines.append(f"| {run_label(r.folder)} | {r.seed} | {sampled} | "
-                             f"{_f(r.wrong_length[0], '.0f')} -> {_f(r.wrong_length[1], '.0f')} | "
+                             f"{fmt(r.wrong_length[0], '.0f')} -> {fmt(r.wrong_length[1], '.0f')} | "
                              f"{r.answered[0]:.1%} -> {r.answered[1]:.1%} | {r.cut:.1%} | "
-                             f"{_f(r.kl[0], '.1f')} ({_f(r.kl[1], '.1f')}) | {unanimous} |")
+                             f"{fmt(r.kl[0], '.1f')} ({fmt(r.kl[1], '.1f')}) | {unanimous} |")
         lines.append("")
     else:
         lines.append("One seed per method so far: the tables above are all the ablation holds.")

@@ -9,7 +9,7 @@ from statistics import mean, median
 
 import pytest
 import yaml
-from report_runs import rescored
+from report_runs import joined, joined_text, rescored
 
 from assignment.trainer.runlog import read_jsonl, write_gz
 from course import seeds
@@ -164,7 +164,7 @@ def _prose(page: str) -> str:
     """A page's hand-written text, outside the generated block, on one line."""
     if seeds.BEGIN in page:
         page = page[:page.index(seeds.BEGIN)] + page[page.index(seeds.END):]
-    return " ".join(page.split())
+    return joined_text(page)
 
 
 def _span(values, spec: str, unit: str = "") -> str:
@@ -282,8 +282,7 @@ def test_docs_and_the_handout_state_what_the_seeds_support():
     unanimous = [x for m in ("grpo", "dr_grpo") for r in runs[m] for x in r.unanimous]
     assert f"{100 * min(unanimous):.0f}-{100 * max(unanimous):.0f}% of the groups were unanimous" in _prose(handout)
     assert max(acc["dr_grpo"]) > max(acc["grpo"]) and "Dr. GRPO's best seed beat every GRPO seed" in _prose(handout)
-    headers = {method: " ".join(line.lstrip("# ") for line in (ROOT / "configs" / config).read_text().splitlines()
-                                if line.startswith("#")) for method, (config, _) in seeds.ABLATION.items()}
+    headers = {method: joined(ROOT / "configs" / config) for method, (config, _) in seeds.ABLATION.items()}
     for method, name in (("grpo", "GRPO"), ("dr_grpo", "Dr. GRPO")):  # each config's header comment
         header = headers[method]
         one, two = runs[method][1:]

@@ -40,21 +40,25 @@ def evaluations(folder: Path) -> tuple[list[dict], list[dict]]:
     return first, last
 
 
-def _mean(values: list[float]) -> float | None:
+def mean_or_none(values: list[float]) -> float | None:
+    """The mean of ``values``; None for none."""
     return sum(values) / len(values) if values else None
 
 
-def _window(metrics: list[dict], key: str, last: bool) -> float | None:
+def window_mean(metrics: list[dict], key: str, last: bool) -> float | None:
+    """The mean of metric ``key`` over a run's first (or, with ``last``, last) REWARD_WINDOW steps;
+    None where those steps did not log it."""
     rows = metrics[-REWARD_WINDOW:] if last else metrics[:REWARD_WINDOW]
-    return _mean([m[key] for m in rows if key in m])
+    return mean_or_none([m[key] for m in rows if key in m])
 
 
 def _length_by_outcome(records: list[dict], correct: bool) -> tuple[float | None, int]:
     lengths = [r["length"] for r in records if bool(r["correct"]) == correct and "length" in r]
-    return _mean(lengths), len(lengths)
+    return mean_or_none(lengths), len(lengths)
 
 
-def _f(value: float | None, spec: str) -> str:
+def fmt(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``; 'n/a' for None."""
     return "n/a" if value is None else format(value, spec)
 
 
@@ -80,14 +84,14 @@ def compare_tables(folders: list[Path]) -> str:
     for run in runs:
         m, t, after = run["metrics"], run["test"], run["after"]
         kl_max = max((x["rollout/kl"] for x in m if "rollout/kl" in x), default=None)
-        lengths = [_mean([r["length"] for r in records if "length" in r]) for records in (run["before"], after)]
+        lengths = [mean_or_none([r["length"] for r in records if "length" in r]) for records in (run["before"], after)]
         cut = sum(not r.get("finished", True) for r in after) / len(after)
         lines.append(
             f"| {run['label']} | {t.before / t.n:.1%} -> {t.after / t.n:.1%} ({t.n}) | {t.c} / {t.b}, p = {_p(t)} "
-            f"| {_f(_window(m, 'rollout/reward_mean', False), '.3f')} / {_f(_window(m, 'rollout/reward_mean', True), '.3f')} "
-            f"| {_f(_window(m, 'rollout/response_length', False), '.0f')} / {_f(_window(m, 'rollout/response_length', True), '.0f')} "
-            f"| {_f(lengths[0], '.0f')} -> {_f(lengths[1], '.0f')} | {cut:.1%} "
-            f"| {_f(_window(m, 'rollout/kl', True), '.1f')} ({_f(kl_max, '.1f')}) |")
+            f"| {fmt(window_mean(m, 'rollout/reward_mean', False), '.3f')} / {fmt(window_mean(m, 'rollout/reward_mean', True), '.3f')} "
+            f"| {fmt(window_mean(m, 'rollout/response_length', False), '.0f')} / {fmt(window_mean(m, 'rollout/response_length', True), '.0f')} "
+            f"| {fmt(lengths[0], '.0f')} -> {fmt(lengths[1], '.0f')} | {cut:.1%} "
+            f"| {fmt(window_mean(m, 'rollout/kl', True), '.1f')} ({fmt(kl_max, '.1f')}) |")
 
     lines += ["", "Cut at the limit: greedy answers that reached rollout.max_new_tokens before an EOS. The reward "
               "still reads the last answer marker of what was written, so a cut answer can be right: where answers "
@@ -95,7 +99,7 @@ def compare_tables(folders: list[Path]) -> str:
     levels = [(run["label"], run["metrics"][-1].get("rollout/max_operand")) for run in runs]
     if any(level is not None for _, level in levels):  # the synthetic task's curriculum (data.curriculum_*)
         lines += ["", "Curriculum at the last step (rollout/max_operand: training sums use operands up to it; greedy "
-                  "evaluation always uses the full range): " + ", ".join(f"{label} {_f(level, 'g')}" for label, level
+                  "evaluation always uses the full range): " + ", ".join(f"{label} {fmt(level, 'g')}" for label, level
                                                                           in levels) + ". Runs that reached different "
                   "levels trained on different sums: compare their curves with that in mind."]
     lines += ["", "After training, run A against run B on the same problems (exact McNemar test):", "",
@@ -113,6 +117,6 @@ def compare_tables(folders: list[Path]) -> str:
         cells = []
         for correct in (True, False):
             (l0, n0), (l1, n1) = (_length_by_outcome(run[k], correct) for k in ("before", "after"))
-            cells.append(f"{_f(l0, '.0f')} ({n0}) -> {_f(l1, '.0f')} ({n1})")
+            cells.append(f"{fmt(l0, '.0f')} ({n0}) -> {fmt(l1, '.0f')} ({n1})")
         lines.append(f"| {run['label']} | {cells[0]} | {cells[1]} |")
     return "\n".join(lines) + "\n"
