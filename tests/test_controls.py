@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from report_runs import joined
 
 from assignment.trainer.ablation import evaluations
 from assignment.trainer.runlog import read_jsonl, write_gz
@@ -128,10 +129,6 @@ CONTROL_RUNS = {kind: ROOT / "reports" / f"gsm8k_control_{kind}" for kind in ("r
 RECIPE_RUN = ROOT / "reports" / "gsm8k_qwen_coder"
 
 
-def joined(path: Path) -> str:
-    return " ".join(path.read_text().split())
-
-
 def answered(records: list[dict]) -> list[bool]:
     return [r["answer"] is not None for r in records]
 
@@ -212,8 +209,7 @@ def test_each_control_config_states_its_run(kind):
     before, after = (read_jsonl(run / f"eval_{when}.jsonl.gz") for when in ("before", "after"))
     test = mcnemar_exact([r["correct"] for r in before], [r["correct"] for r in after])
     answered = [sum(r["answer"] is not None for r in rows) / len(rows) for rows in (before, after)]
-    comment = " ".join(word for line in (root / "configs" / f"gsm8k_control_{kind}.yaml").read_text().splitlines()
-                       if line.startswith("#") for word in line[1:].split())
+    comment = joined(root / "configs" / f"gsm8k_control_{kind}.yaml")
     assert (f"{test.before / 1319:.1%} -> {test.after / 1319:.1%} ({test.c} improved, {test.b} regressed, "
             f"exact McNemar p = {test.p_value:.1e})") in comment
     assert f"{answered[0]:.1%} -> {answered[1]:.1%}" in comment
